@@ -1,0 +1,60 @@
+"""polymux: many independent byte channels over one connection, in the multiplexing
+wire formats real systems use, with stdlib ``StreamReader``/``StreamWriter`` per channel.
+
+Quick start::
+
+    session = await polymux.connect("127.0.0.1", 9000, protocol="mstream-v3")
+    reader, writer = await session.open_channel("files/1")
+"""
+
+from __future__ import annotations
+
+from polymux.aio import (
+    ChannelTransport,
+    Server,
+    Session,
+    connect,
+    connect_unix,
+    over,
+    start_server,
+    start_unix_server,
+)
+from polymux.config import SessionConfig
+from polymux.exceptions import (
+    ChannelClosedError,
+    ChannelError,
+    ChannelRejected,
+    ChannelReset,
+    FlowControlError,
+    LimitExceeded,
+    PolymuxError,
+    ProtocolError,
+    SessionClosed,
+)
+from polymux.wire import PROTOCOLS
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROTOCOLS",
+    "ChannelClosedError",
+    "ChannelError",
+    "ChannelRejected",
+    "ChannelReset",
+    "ChannelTransport",
+    "FlowControlError",
+    "LimitExceeded",
+    "PolymuxError",
+    "ProtocolError",
+    "Server",
+    "Session",
+    "SessionClosed",
+    "SessionConfig",
+    "__version__",
+    "connect",
+    "connect_unix",
+    "over",
+    "start_server",
+    "start_unix_server",
+]

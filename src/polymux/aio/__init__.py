@@ -1,0 +1,22 @@
+"""The asyncio layer: sessions, channel transports, clients and servers."""
+
+from __future__ import annotations
+
+from polymux.aio.channel import ChannelStreamReader, ChannelTransport
+from polymux.aio.client import connect, connect_unix, over
+from polymux.aio.server import Server, start_server, start_unix_server
+from polymux.aio.session import MuxProtocol, Session
+
+
+__all__ = [
+    "ChannelStreamReader",
+    "ChannelTransport",
+    "MuxProtocol",
+    "Server",
+    "Session",
+    "connect",
+    "connect_unix",
+    "over",
+    "start_server",
+    "start_unix_server",
+]

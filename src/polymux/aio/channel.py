@@ -1,0 +1,372 @@
+"""One channel as an ``asyncio.Transport``, and the ``StreamReader`` that returns credit.
+
+A :class:`ChannelTransport` sits between a channel's protocol (normally the stdlib
+``StreamReaderProtocol``) and the session's :class:`~polymux.aio.session.MuxProtocol`:
+
+* Write side: ``write()`` only appends to the channel's buffer and asks the session's
+  scheduler for a turn. The scheduler takes at most one frame (bounded by the frame size
+  and the peer's credit) per turn. Above the high-water mark the transport calls
+  ``protocol.pause_writing()``, so ``await writer.drain()`` blocks exactly while the
+  peer cannot take more (no credit) or the socket is paused; it resumes at the low mark.
+* Read side: data is fed to the protocol as it arrives; credit goes back to the peer as
+  the application *consumes* it (:class:`ChannelStreamReader` reports every read), or,
+  for plain protocols, once ``data_received`` returned while reading is not paused.
+* End: ``write_eof()`` half-closes after the buffer is sent; ``close()`` also stops
+  reading; ``abort()`` / :meth:`ChannelTransport.reset` terminates at once. A reset by the
+  peer or a lost session reaches the protocol as ``connection_lost(exc)``, so readers and
+  ``drain()`` raise it; a clean end is ``connection_lost(None)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from polymux._types import BytesLike
+from polymux.exceptions import ChannelClosedError, ChannelReset
+
+
+if TYPE_CHECKING:
+    from polymux.aio.session import MuxProtocol
+
+
+__all__ = ["ChannelStreamReader", "ChannelTransport"]
+
+
+class ChannelStreamReader(asyncio.StreamReader):
+    """A stdlib ``StreamReader`` that tells its channel how much the application consumed.
+
+    Every consuming read in ``StreamReader`` ends in ``_maybe_resume_transport()``; we hook
+    there, so ``read``, ``readexactly``, ``readuntil``, ``readline`` and ``async for`` all
+    return credit, and nothing else does (credit on consumption, not on arrival).
+    """
+
+    _transport: ChannelTransport | None  # type: ignore[assignment]
+    _buffer: bytearray
+
+    def _maybe_resume_transport(self) -> None:
+        super()._maybe_resume_transport()  # type: ignore[misc]
+        transport = self._transport
+        if transport is not None:
+            transport._reader_consumed(len(self._buffer))
+
+
+class ChannelTransport(asyncio.Transport):
+    """The transport of one channel of a session (see the module docstring)."""
+
+    def __init__(self, mux: MuxProtocol, handle: int, name: str) -> None:
+        super().__init__()
+        self._mux = mux
+        self._handle = handle
+        self._name = name
+        self._protocol: asyncio.BaseProtocol | None = None
+        self._stream_mode = False  # protocol reads through a ChannelStreamReader
+        self._buf: deque[BytesLike] = deque()
+        self._buffered = 0
+        self._high = mux.config.write_buffer_high
+        self._low = mux.config.low_water
+        self._protocol_paused = False
+        self._queued = False  # in the scheduler's ready queue
+        self._accepted = False
+        self._eof_requested = False
+        self._eof_sent = False
+        self._write_error: BaseException | None = None
+        self._closing = False
+        self._read_closed = False
+        self._done = False  # connection_lost delivered
+        self._unconsumed = 0  # fed to the reader, not yet consumed
+        self._reading_paused = False
+        self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
+        self._close_timer: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "closing" if self._closing else "open"
+        return f"<ChannelTransport {self._mux.engine.describe(self._handle)} {state} buffered={self._buffered}>"
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def _attach(self, protocol: asyncio.BaseProtocol, *, stream_mode: bool) -> None:
+        self._protocol = protocol
+        self._stream_mode = stream_mode
+        protocol.connection_made(self)
+
+    @property
+    def name(self) -> str:
+        """The channel's name."""
+        return self._name
+
+    @property
+    def handle(self) -> int:
+        """The engine's handle for this channel."""
+        return self._handle
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """``channel_name``, ``channel``, ``session``, ``protocol_name`` and anything the
+        session's own transport knows (``peername``, ``sockname``, ``socket`` ...)."""
+        if name == "channel_name":
+            return self._name
+        if name == "channel":
+            return self._mux.engine.describe(self._handle)
+        if name == "session":
+            return self._mux.session
+        if name == "protocol_name":
+            return self._mux.engine.format
+        return self._mux.get_extra_info(name, default)
+
+    # -- write side --------------------------------------------------------------------------
+
+    def write(self, data: BytesLike) -> None:  # type: ignore[override]
+        """Queue ``data``; it is sent in frames as credit and the socket allow."""
+        if self._write_error is not None:
+            raise self._write_error
+        if self._eof_requested:
+            raise ChannelClosedError(
+                f"{self._mux.engine.format}: cannot write to {self._label()} after write_eof() or close()"
+            )
+        if not data:
+            return
+        # Copy: the caller may reuse a bytearray (the stdlib transports copy too).
+        self._buf.append(bytes(data))
+        self._buffered += len(data)
+        self._mux._want_send(self)
+        if not self._protocol_paused and self._buffered > self._high:
+            self._protocol_paused = True
+            self._protocol.pause_writing()  # type: ignore[union-attr]
+
+    def writelines(self, list_of_data: Any) -> None:
+        """Queue several buffers (joined into one write)."""
+        self.write(b"".join(list_of_data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        """Half-close: send our end-of-writing once the buffered data is sent."""
+        if self._eof_requested or self._done:
+            return
+        self._eof_requested = True
+        self._mux._want_send(self)
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffered
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._update_write_pause()
+
+    def _update_write_pause(self) -> None:
+        protocol = self._protocol
+        if protocol is None or self._done:
+            return
+        if self._protocol_paused and self._buffered <= self._low:
+            self._protocol_paused = False
+            protocol.resume_writing()
+        elif not self._protocol_paused and self._buffered > self._high:
+            self._protocol_paused = True
+            protocol.pause_writing()
+
+    def _wants_send(self) -> bool:
+        """Whether a scheduler turn would do anything now."""
+        if not self._accepted or self._done:
+            return False
+        if self._buffered:
+            return self._mux.engine.send_credit(self._handle) > 0
+        return self._eof_requested and not self._eof_sent
+
+    def _take(self, n: int) -> BytesLike:
+        """Remove and return up to ``n`` buffered bytes (one frame's worth)."""
+        buf = self._buf
+        head = buf[0]
+        if len(head) > n:
+            view = memoryview(head)
+            buf[0] = view[n:]
+            chunk: BytesLike = view[:n]
+        elif len(head) == n or len(buf) == 1:
+            chunk = buf.popleft()
+        else:
+            # Coalesce small writes into one frame.
+            parts = []
+            size = 0
+            while buf and size < n:
+                part = buf[0]
+                room = n - size
+                if len(part) > room:
+                    view = memoryview(part)
+                    parts.append(view[:room])
+                    buf[0] = view[room:]
+                    size += room
+                else:
+                    parts.append(buf.popleft())
+                    size += len(part)
+            chunk = b"".join(parts)
+        self._buffered -= len(chunk)
+        if self._protocol_paused and self._buffered <= self._low:
+            self._update_write_pause()
+        return chunk
+
+    # -- read side ---------------------------------------------------------------------------
+
+    def is_reading(self) -> bool:
+        return not self._reading_paused and not self._done
+
+    def pause_reading(self) -> None:
+        """Stop reading. With flow control on the wire this withholds credit from the peer
+        (so it stops sending this channel only); without it, the whole connection pauses."""
+        if self._reading_paused or self._done:
+            return
+        self._reading_paused = True
+        self._mux._channel_reading_paused(self, True)
+
+    def resume_reading(self) -> None:
+        if not self._reading_paused:
+            return
+        self._reading_paused = False
+        self._mux._channel_reading_paused(self, False)
+        if self._held_credit:
+            held, self._held_credit = self._held_credit, 0
+            self._mux._ack(self._handle, held)
+
+    def _feed(self, data: BytesLike) -> None:
+        """Data arrived from the peer."""
+        n = len(data)
+        protocol = self._protocol
+        if self._read_closed or protocol is None or self._done:
+            self._mux._ack(self._handle, n)  # discard, but keep the peer's credit flowing
+            return
+        if self._stream_mode:
+            self._unconsumed += n
+            protocol.data_received(data)  # type: ignore[attr-defined]
+            return
+        protocol.data_received(bytes(data))  # type: ignore[attr-defined]
+        if self._reading_paused:
+            self._held_credit += n
+        else:
+            self._mux._ack(self._handle, n)
+
+    def _reader_consumed(self, still_buffered: int) -> None:
+        consumed = self._unconsumed - still_buffered
+        if consumed > 0:
+            self._unconsumed = still_buffered
+            self._mux._ack(self._handle, consumed)
+
+    def _remote_end(self) -> None:
+        """The peer finished writing."""
+        protocol = self._protocol
+        if protocol is None or self._done or self._read_closed:
+            return
+        keep_open = protocol.eof_received()  # type: ignore[attr-defined]
+        if not keep_open:
+            self.close()
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def is_closing(self) -> bool:
+        return self._closing or self._done
+
+    def close(self) -> None:
+        """Finish writing (after the buffered data) and stop reading.
+
+        The protocol's ``connection_lost(None)`` follows once our end-of-writing is sent;
+        data the peer still sends is discarded (its credit is returned). If the peer does
+        not end its side within ``close_timeout`` the channel is reset.
+        """
+        if self._closing or self._done:
+            return
+        self._closing = True
+        self._read_closed = True
+        if self._unconsumed:
+            self._mux._ack(self._handle, self._unconsumed)
+            self._unconsumed = 0
+        self.write_eof()
+        self._close_timer = self._mux.loop.call_later(self._mux.config.close_timeout, self.abort)
+
+    def abort(self) -> None:
+        """Terminate the channel at once, discarding buffered data."""
+        self.reset(None)
+
+    def reset(self, error: str | BaseException | None = None) -> None:
+        """Terminate the channel at once, telling the peer ``error`` where the format
+        carries a message (MultiplexingStream v2/v3 send ``"Type: message"`` like the
+        reference). Buffered data is discarded."""
+        if isinstance(error, BaseException):
+            error = f"{type(error).__name__}: {error}"
+        # A closed channel may still linger in the engine (close() waits for the peer).
+        self._mux._reset_channel(self, error)
+        self._finish(None)
+
+    def _label(self) -> str:
+        return self._mux.engine.describe(self._handle)
+
+    def _eof_was_sent(self, closed: bool) -> None:
+        """The scheduler sent our end-of-writing; ``closed``: the channel is complete."""
+        if closed:
+            self._finish(None)
+        elif self._closing:
+            # close(): the protocol is done with the channel; the engine lingers until
+            # the peer ends too (its data is discarded meanwhile).
+            self._deliver_lost(None)
+
+    def _peer_closed(self, local_done: bool) -> None:
+        """The engine closed the channel cleanly (both ends, or the peer terminated)."""
+        if not local_done and self._write_error is None:
+            self._write_error = ChannelClosedError(
+                f"{self._mux.engine.format}: {self._label()} was closed by the peer"
+            )
+        self._finish(None)
+
+    def _peer_stopped_reading(self) -> None:
+        self._write_error = ChannelClosedError(
+            f"{self._mux.engine.format}: the peer stopped reading {self._label()}"
+        )
+        self._buf.clear()
+        self._buffered = 0
+        self._update_write_pause()
+        self.write_eof()
+
+    def _peer_reset(self, message: str | None) -> None:
+        self._finish(ChannelReset(self._mux.engine.format, self._label(), message))
+
+    def _fail(self, exc: BaseException) -> None:
+        """The session ended under this channel."""
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        """Final state: nothing more will be sent or received."""
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        if exc is not None and self._write_error is None:
+            self._write_error = exc
+        self._buf.clear()
+        self._buffered = 0
+        self._mux._channel_done(self)
+        self._deliver_lost(exc)
+
+    def _deliver_lost(self, exc: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._closing = True
+        if self._reading_paused:
+            self._reading_paused = False
+            self._mux._channel_reading_paused(self, False)
+        protocol = self._protocol
+        if protocol is not None:
+            protocol.connection_lost(exc)

@@ -1,0 +1,220 @@
+"""Opening sessions: over TCP, a unix socket, or an existing stream pair."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
+from polymux.config import SessionConfig
+from polymux.exceptions import SessionClosed
+
+
+__all__ = ["connect", "connect_unix", "over"]
+
+
+def _factory(
+    protocol: str,
+    config: SessionConfig | None,
+    options: dict[str, Any],
+    *,
+    is_client: bool,
+    handler: ChannelHandler | None,
+    offer_filter: OfferFilter | None,
+) -> tuple[SessionConfig, Any]:
+    cfg = SessionConfig.from_options(config, **options)
+
+    def make() -> MuxProtocol:
+        return MuxProtocol(protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
+
+    return cfg, make
+
+
+async def _ready(mux: MuxProtocol) -> Session:
+    """Wait for the handshake; on failure or timeout close the connection and raise."""
+    try:
+        await asyncio.wait_for(asyncio.shield(mux.ready), mux.config.handshake_timeout)
+    except (TimeoutError, asyncio.TimeoutError):
+        mux.session.abort()
+        raise SessionClosed(
+            f"{mux.engine.format}: no handshake from the peer within {mux.config.handshake_timeout} s"
+        ) from None
+    except BaseException:
+        mux.session.abort()
+        raise
+    return mux.session
+
+
+async def connect(
+    host: str,
+    port: int,
+    *,
+    protocol: str,
+    config: SessionConfig | None = None,
+    handler: ChannelHandler | None = None,
+    offer_filter: OfferFilter | None = None,
+    **options: Any,
+) -> Session:
+    """Connect over TCP and return a ready :class:`Session`.
+
+    ``options`` are :class:`SessionConfig` fields (``receive_window=...``) or keyword
+    arguments of ``loop.create_connection`` (``ssl=``, ``local_addr=`` ...).
+    ``handler(reader, writer)`` runs for each channel the peer opens; without it, take
+    them with ``session.accept_channel()`` or ``async for``.
+    """
+    session_opts, conn_opts = _split_options(options)
+    _cfg, make = _factory(protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter)
+    loop = asyncio.get_running_loop()
+    _transport, mux = await loop.create_connection(make, host, port, **conn_opts)
+    return await _ready(mux)
+
+
+async def connect_unix(
+    path: str | os.PathLike[str],
+    *,
+    protocol: str,
+    config: SessionConfig | None = None,
+    handler: ChannelHandler | None = None,
+    offer_filter: OfferFilter | None = None,
+    **options: Any,
+) -> Session:
+    """Connect over a unix socket and return a ready :class:`Session` (see :func:`connect`)."""
+    session_opts, conn_opts = _split_options(options)
+    _cfg, make = _factory(protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter)
+    loop = asyncio.get_running_loop()
+    _transport, mux = await loop.create_unix_connection(make, os.fspath(path), **conn_opts)
+    return await _ready(mux)
+
+
+async def over(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    protocol: str,
+    is_client: bool = True,
+    config: SessionConfig | None = None,
+    handler: ChannelHandler | None = None,
+    offer_filter: OfferFilter | None = None,
+    **options: Any,
+) -> Session:
+    """Run a session over an existing ``(reader, writer)`` pair, e.g. a subprocess's
+    stdout and stdin (``asyncio.create_subprocess_exec``) or a connection opened by other
+    code. ``is_client`` picks the id side for formats where it matters."""
+    cfg = SessionConfig.from_options(config, **options)
+    mux = MuxProtocol(protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
+    transport = _StreamPairTransport(reader, writer, mux)
+    mux.connection_made(transport)
+    transport._start()
+    return await _ready(mux)
+
+
+_CONNECTION_OPTIONS = frozenset(
+    {"ssl", "family", "proto", "flags", "sock", "local_addr", "server_hostname", "ssl_handshake_timeout",
+     "ssl_shutdown_timeout", "happy_eyeballs_delay", "interleave"}
+)
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    conn = {k: v for k, v in options.items() if k in _CONNECTION_OPTIONS}
+    session = {k: v for k, v in options.items() if k not in _CONNECTION_OPTIONS}
+    return session, conn
+
+
+class _StreamPairTransport(asyncio.Transport):
+    """Adapts a ``StreamReader``/``StreamWriter`` pair to the transport a MuxProtocol needs.
+
+    A pump task feeds what the reader yields to the protocol (paused by
+    ``pause_reading``); writes go to the writer, whose buffer above its high-water mark
+    pauses the protocol until ``drain()`` returns.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mux: MuxProtocol) -> None:
+        super().__init__()
+        self._reader = reader
+        self._writer = writer
+        self._mux = mux
+        self._reading = asyncio.Event()
+        self._reading.set()
+        self._closing = False
+        self._pump: asyncio.Task[None] | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self._lost = False
+
+    def _start(self) -> None:
+        self._pump = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        exc: BaseException | None = None
+        try:
+            while True:
+                await self._reading.wait()
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                self._mux.data_received(data)
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # the pipe broke
+            exc = e
+        self._lose(exc)
+
+    def _lose(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._closing = True
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._mux.connection_lost(exc if isinstance(exc, Exception) or exc is None else None)
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+
+    def write(self, data: Any) -> None:
+        if self._closing:
+            return
+        self._writer.write(data)
+        if self._drainer is None and self._writer.transport.get_write_buffer_size() > 64 * 1024:
+            self._mux.pause_writing()
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except Exception as exc:
+            self._lose(exc)
+            return
+        finally:
+            self._drainer = None
+        self._mux.resume_writing()
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._writer.get_extra_info(name, default)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(Exception):
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+        self._lose(None)
+
+    def abort(self) -> None:
+        self._closing = True
+        with contextlib.suppress(Exception):
+            self._writer.transport.abort()
+        self._lose(None)

@@ -1,0 +1,146 @@
+"""Serving sessions on TCP and unix sockets (``asyncio.start_server``'s shape)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
+from polymux.config import SessionConfig
+
+
+__all__ = ["Server", "start_server", "start_unix_server"]
+
+SessionHandler = Callable[[Session], Awaitable[None] | None]
+
+
+class Server:
+    """A listening server whose connections are polymux sessions.
+
+    ``async with`` closes it (and its sessions) on exit; ``sessions`` are the live ones.
+    """
+
+    def __init__(self, factory: Callable[[], MuxProtocol], session_handler: SessionHandler | None) -> None:
+        self._factory = factory
+        self._session_handler = session_handler
+        self._server: asyncio.Server | None = None
+        self.sessions: set[Session] = set()
+        """Sessions currently connected."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _make(self) -> MuxProtocol:
+        mux = self._factory()
+        session = mux.session
+        self.sessions.add(session)
+        mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
+        if self._session_handler is not None:
+            mux.ready.add_done_callback(lambda f: self._run_handler(session, f))
+        return mux
+
+    def _run_handler(self, session: Session, ready: asyncio.Future[None]) -> None:
+        if ready.cancelled() or ready.exception() is not None or self._session_handler is None:
+            return
+        res = self._session_handler(session)
+        if asyncio.iscoroutine(res):
+            task = asyncio.ensure_future(res)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @property
+    def sockets(self) -> tuple[Any, ...]:
+        """The listening sockets."""
+        return tuple(self._server.sockets) if self._server else ()
+
+    @property
+    def port(self) -> int:
+        """The TCP port of the first listening socket (handy with ``port=0``)."""
+        return int(self.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        """Stop listening and abort every live session."""
+        if self._server is not None:
+            self._server.close()
+        for session in list(self.sessions):
+            session.abort()
+
+    async def aclose(self) -> None:
+        """Stop listening, close every session gracefully, and wait."""
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(s.aclose() for s in list(self.sessions)), return_exceptions=True)
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        """Wait until the listener and all sessions are closed."""
+        if self._server is not None:
+            await self._server.wait_closed()
+        await asyncio.gather(*(s.wait_closed() for s in list(self.sessions)), return_exceptions=True)
+
+    async def serve_forever(self) -> None:
+        """Serve until cancelled."""
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _server(
+    protocol: str,
+    handler: ChannelHandler | None,
+    config: SessionConfig | None,
+    session_handler: SessionHandler | None,
+    offer_filter: OfferFilter | None,
+    options: dict[str, Any],
+) -> Server:
+    cfg = SessionConfig.from_options(config, **options)
+
+    def make() -> MuxProtocol:
+        return MuxProtocol(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
+
+    return Server(make, session_handler)
+
+
+async def start_server(
+    handler: ChannelHandler | None,
+    host: str | None,
+    port: int,
+    *,
+    protocol: str,
+    config: SessionConfig | None = None,
+    session_handler: SessionHandler | None = None,
+    offer_filter: OfferFilter | None = None,
+    ssl: Any = None,
+    **options: Any,
+) -> Server:
+    """Listen on TCP; each connection is a session, each incoming channel runs
+    ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
+    runs once per session when its handshake is done. ``options`` are
+    :class:`SessionConfig` fields."""
+    server = _server(protocol, handler, config, session_handler, offer_filter, options)
+    loop = asyncio.get_running_loop()
+    server._server = await loop.create_server(server._make, host, port, ssl=ssl)
+    return server
+
+
+async def start_unix_server(
+    handler: ChannelHandler | None,
+    path: str | os.PathLike[str],
+    *,
+    protocol: str,
+    config: SessionConfig | None = None,
+    session_handler: SessionHandler | None = None,
+    offer_filter: OfferFilter | None = None,
+    ssl: Any = None,
+    **options: Any,
+) -> Server:
+    """Listen on a unix socket (see :func:`start_server`)."""
+    server = _server(protocol, handler, config, session_handler, offer_filter, options)
+    loop = asyncio.get_running_loop()
+    server._server = await loop.create_unix_server(server._make, os.fspath(path), ssl=ssl)
+    return server

@@ -1,0 +1,562 @@
+"""The asyncio session: :class:`MuxProtocol` drives an engine over a real transport, and
+:class:`Session` is the public face of one multiplexed connection.
+
+The send scheduler lives here. It runs in one loop callback per batch: control frames the
+engine queued come first, then one frame per channel in round-robin order among the
+channels that have data and credit, until ``batch_bytes`` are gathered; the batch goes to
+the socket in one ``write()``. It stops while the socket transport is paused
+(``pause_writing``) and resumes on ``resume_writing``. So one bulk channel cannot starve
+the others, and no channel sends past its credit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from polymux._types import BytesLike
+from polymux.aio.channel import ChannelStreamReader, ChannelTransport
+from polymux.config import SessionConfig
+from polymux.engine import Engine, make_engine
+from polymux.engine import events as ev
+from polymux.exceptions import (
+    ChannelRejected,
+    ChannelReset,
+    LimitExceeded,
+    ProtocolError,
+    SessionClosed,
+)
+
+
+__all__ = ["ChannelHandler", "MuxProtocol", "OfferFilter", "Session"]
+
+logger = logging.getLogger("polymux")
+
+ChannelHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None]
+"""``handler(reader, writer)``: called for each incoming channel, like the callback of
+``asyncio.start_server``."""
+
+OfferFilter = Callable[[str], bool]
+"""``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
+
+StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class MuxProtocol(asyncio.Protocol):
+    """Runs one engine on one connection: feeds it received bytes, dispatches its events
+    to channel transports and writes what it produces through the send scheduler."""
+
+    def __init__(
+        self,
+        protocol: str,
+        config: SessionConfig | None = None,
+        *,
+        is_client: bool = True,
+        handler: ChannelHandler | None = None,
+        offer_filter: OfferFilter | None = None,
+        engine: Engine | None = None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.config = config or SessionConfig()
+        self.engine = engine or make_engine(protocol, self.config, is_client=is_client)
+        self.is_client = is_client
+        self._handler = handler
+        self._offer_filter = offer_filter
+        self._transport: asyncio.Transport | None = None
+        self._channels: dict[int, ChannelTransport] = {}
+        self._offers: dict[int, asyncio.Future[None]] = {}
+        self._incoming: deque[tuple[str, StreamPair]] = deque()
+        self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
+        self._ready_queue: deque[ChannelTransport] = deque()
+        self._flush_pending = False
+        self._write_paused = False
+        self._read_pausers = 0
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._closing = False
+        self._error: BaseException | None = None
+        self.ready: asyncio.Future[None] = self.loop.create_future()
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+        self.session = Session(self)
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self.engine.ready:
+            self.ready.set_result(None)
+        self._schedule_flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        try:
+            events = self.engine.receive_data(data)
+        except ProtocolError as exc:
+            logger.warning("%s", exc)
+            self._abort(exc)
+            return
+        for event in events:
+            self._dispatch(event)
+        self._schedule_flush()
+
+    def eof_received(self) -> bool:
+        # The peer closed its side of the connection: the session is over.
+        self._closing = True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._closing = True
+        self.engine.close()
+        if self._error is not None:
+            cause: BaseException | None = self._error
+            error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
+        elif exc is not None:
+            cause = exc
+            error = SessionClosed(f"{self.engine.format}: connection lost: {exc}")
+        else:
+            cause = None
+            error = SessionClosed(f"{self.engine.format}: the session's connection was closed")
+        error.__cause__ = cause
+        if self._error is None:
+            self._error = error
+        for channel in list(self._channels.values()):
+            channel._fail(error)
+        self._channels.clear()
+        for fut in self._offers.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._offers.clear()
+        for _name, waiter in self._accept_waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._accept_waiters.clear()
+        if not self.ready.done():
+            self.ready.set_exception(error)
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._schedule_flush()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Extra information of the underlying transport."""
+        if self._transport is None:
+            return default
+        return self._transport.get_extra_info(name, default)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _dispatch(self, event: ev.Event) -> None:
+        if isinstance(event, ev.DataReceived):
+            channel = self._channels.get(event.channel)
+            if channel is not None:
+                channel._feed(event.data)
+            else:
+                self._ack(event.channel, event.flow_controlled_length)
+        elif isinstance(event, ev.CreditAvailable):
+            channel = self._channels.get(event.channel)
+            if channel is not None:
+                self._want_send(channel)
+        elif isinstance(event, ev.ChannelOpened):
+            self._on_offer(event.channel, event.name)
+        elif isinstance(event, ev.ChannelAccepted):
+            channel = self._channels.get(event.channel)
+            fut = self._offers.pop(event.channel, None)
+            if channel is not None:
+                channel._accepted = True
+                self._want_send(channel)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif isinstance(event, ev.ChannelEnded):
+            channel = self._channels.get(event.channel)
+            if channel is not None:
+                channel._remote_end()
+        elif isinstance(event, ev.ChannelClosed):
+            channel = self._channels.get(event.channel)
+            if channel is not None:
+                channel._peer_closed(event.local_done)
+        elif isinstance(event, ev.ChannelReset):
+            fut = self._offers.pop(event.channel, None)
+            channel = self._channels.get(event.channel)
+            if fut is not None and not fut.done():
+                exc = ChannelReset(self.engine.format, channel.name if channel else event.channel, event.message)
+                fut.set_exception(exc)
+            if channel is not None:
+                channel._peer_reset(event.message)
+        elif isinstance(event, ev.ChannelRejected):
+            fut = self._offers.pop(event.channel, None)
+            channel = self._channels.get(event.channel)
+            name = channel.name if channel is not None else ""
+            if channel is not None:
+                channel._finish(None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ChannelRejected(self.engine.format, event.channel, name))
+        elif isinstance(event, ev.ReadingStopped):
+            channel = self._channels.get(event.channel)
+            if channel is not None:
+                channel._peer_stopped_reading()
+        elif isinstance(event, ev.SessionReady):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif isinstance(event, ev.SessionClosed):
+            self._closing = True
+
+    def _on_offer(self, handle: int, name: str) -> None:
+        engine = self.engine
+        refuse = (
+            self._closing
+            or len(self._channels) >= self.config.max_channels
+            or (self._offer_filter is not None and not self._offer_filter(name))
+            or (self._handler is None and self._backlog_full())
+        )
+        if refuse:
+            engine.reject_channel(handle)
+            return
+        engine.accept_channel(handle)
+        channel = self._new_channel(handle, name)
+        channel._accepted = True
+        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
+        if self._handler is not None:
+            protocol = asyncio.StreamReaderProtocol(reader, self._handler, loop=self.loop)
+            channel._attach(protocol, stream_mode=True)
+            return
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
+        channel._attach(protocol, stream_mode=True)
+        writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
+        self._incoming.append((name, (reader, writer)))
+        self._serve_accept_waiters()
+
+    def _backlog_full(self) -> bool:
+        return len(self._incoming) >= self.config.accept_backlog
+
+    def _serve_accept_waiters(self) -> None:
+        for waiter_entry in list(self._accept_waiters):
+            want, waiter = waiter_entry
+            if waiter.done():
+                self._accept_waiters.remove(waiter_entry)
+                continue
+            for entry in self._incoming:
+                if want is None or entry[0] == want:
+                    self._incoming.remove(entry)
+                    self._accept_waiters.remove(waiter_entry)
+                    waiter.set_result(entry[1])
+                    break
+
+    # -- channels ----------------------------------------------------------------------------
+
+    def _new_channel(self, handle: int, name: str) -> ChannelTransport:
+        channel = ChannelTransport(self, handle, name)
+        self._channels[handle] = channel
+        return channel
+
+    def _channel_done(self, channel: ChannelTransport) -> None:
+        self._channels.pop(channel._handle, None)
+
+    def _reset_channel(self, channel: ChannelTransport, message: str | None) -> None:
+        if self.engine.is_live(channel._handle) and not self.engine.closed:
+            self.engine.reset_channel(channel._handle, message)
+            self._schedule_flush()
+
+    def _ack(self, handle: int, n: int) -> None:
+        if self.engine.closed:
+            return
+        self.engine.ack_consumed(handle, n)
+        self._schedule_flush()
+
+    def _channel_reading_paused(self, channel: ChannelTransport, paused: bool) -> None:
+        # With credit on the wire, pausing a channel withholds its credit (done by the
+        # channel itself). Without it, the only way to stop the peer is to stop reading
+        # the whole connection (head-of-line blocking, as MultiplexingStream v1 does).
+        if self.engine.has_flow_control:
+            return
+        self._read_pausers += 1 if paused else -1
+        transport = self._transport
+        if transport is None:
+            return
+        if paused and self._read_pausers == 1:
+            transport.pause_reading()
+        elif not paused and self._read_pausers == 0:
+            transport.resume_reading()
+
+    async def open_channel(self, name: str, protocol: asyncio.BaseProtocol, *, stream_mode: bool) -> ChannelTransport:
+        """Offer a channel and wait until the peer accepts it."""
+        await self.ready
+        self._check_open()
+        if len(self._channels) >= self.config.max_channels:
+            raise LimitExceeded(
+                f"{self.engine.format}: max_channels={self.config.max_channels} channels are open"
+            )
+        handle = self.engine.open_channel(name)
+        channel = self._new_channel(handle, name)
+        # Attach before the acceptance: data may follow it in the same read.
+        channel._attach(protocol, stream_mode=stream_mode)
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._offers[handle] = fut
+        self._schedule_flush()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._offers.pop(handle, None)
+            channel.abort()  # rescinds the offer
+            raise
+        except BaseException as exc:
+            channel._finish(exc)
+            raise
+        return channel
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
+        if self._closing:
+            raise SessionClosed(f"{self.engine.format}: the session is closing")
+
+    async def accept(self, name: str | None) -> StreamPair:
+        """Wait for an incoming channel (named ``name``, if given)."""
+        for entry in self._incoming:
+            if name is None or entry[0] == name:
+                self._incoming.remove(entry)
+                return entry[1]
+        self._check_open()
+        waiter: asyncio.Future[StreamPair] = self.loop.create_future()
+        self._accept_waiters.append((name, waiter))
+        return await waiter
+
+    # -- the send scheduler ------------------------------------------------------------------
+
+    def _want_send(self, channel: ChannelTransport) -> None:
+        if not channel._queued:
+            channel._queued = True
+            self._ready_queue.append(channel)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_pending and self._transport is not None:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        transport = self._transport
+        engine = self.engine
+        if transport is None or engine.closed and self._error is not None:
+            return
+        ready = self._ready_queue
+        max_frame = engine.max_frame
+        batch_limit = self.config.batch_bytes
+        while not self._write_paused:
+            out = engine.data_to_send()
+            size = 0
+            while ready and size < batch_limit:
+                channel = ready.popleft()
+                channel._queued = False
+                size += self._send_turn(channel, max_frame)
+                if channel._wants_send():
+                    channel._queued = True
+                    ready.append(channel)
+            out += engine.data_to_send()
+            if not out:
+                break
+            transport.write(b"".join(out))
+        if not self._write_paused:
+            for waiter in self._drain_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _send_turn(self, channel: ChannelTransport, max_frame: int) -> int:
+        """One channel's turn: at most one frame, or its end-of-writing."""
+        if not channel._accepted:
+            return 0
+        engine = self.engine
+        handle = channel._handle
+        if channel._buffered:
+            credit = engine.send_credit(handle)
+            if credit <= 0:
+                return 0
+            chunk = channel._take(min(max_frame, credit, channel._buffered))
+            engine.send_data(handle, chunk)
+            return len(chunk)
+        if channel._eof_requested and not channel._eof_sent and engine.is_live(handle):
+            channel._eof_sent = True
+            closed = engine.end_channel(handle)
+            channel._eof_was_sent(closed)
+        return 0
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far was handed to the socket transport."""
+        while self._transport is not None and (self._ready_queue or self._flush_pending or self._write_paused):
+            if any(ch._wants_send() for ch in self._ready_queue) or self._flush_pending or self._write_paused:
+                waiter: asyncio.Future[None] = self.loop.create_future()
+                self._drain_waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    self._drain_waiters.remove(waiter)
+            else:
+                break
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def _abort(self, exc: BaseException) -> None:
+        """End the session because of ``exc`` (a protocol violation)."""
+        if self._error is None:
+            self._error = exc
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def aclose(self) -> None:
+        """Flush what channels have queued (bounded by ``close_timeout``), then close."""
+        if self.closed.done():
+            return
+        self._closing = True
+        if self._transport is not None:
+            try:
+                await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                logger.info("%s: close_timeout expired with data unsent", self.engine.format)
+            self.engine.close()
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+        await asyncio.shield(self.closed)
+
+    async def _drain_channels(self) -> None:
+        while any(ch._buffered and not ch._done for ch in self._channels.values()):
+            await self.flush()
+            if any(ch._buffered and not ch._done for ch in self._channels.values()):
+                # Waiting for credit from the peer: check again shortly.
+                await asyncio.sleep(0.01)
+        await self.flush()
+
+
+class Session:
+    """One multiplexed connection. Get one from :func:`polymux.connect`,
+    :func:`polymux.connect_unix`, :func:`polymux.over` or a server.
+
+    Use it as an async context manager (``async with``) so it closes; iterate it
+    (``async for reader, writer in session``) to take incoming channels.
+    """
+
+    def __init__(self, mux: MuxProtocol) -> None:
+        self._mux = mux
+
+    def __repr__(self) -> str:
+        state = "closed" if self.is_closed else "open"
+        return f"<polymux.Session {self.protocol} {state} channels={len(self._mux._channels)}>"
+
+    @property
+    def protocol(self) -> str:
+        """The wire format's name (``protocol=``)."""
+        return self._mux.engine.format
+
+    @property
+    def config(self) -> SessionConfig:
+        """The session's configuration."""
+        return self._mux.config
+
+    @property
+    def engine(self) -> Engine:
+        """The sans-I/O engine (for introspection and tests)."""
+        return self._mux.engine
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the connection is gone."""
+        return self._mux.closed.done()
+
+    @property
+    def exception(self) -> BaseException | None:
+        """Why the session ended abnormally (e.g. a :class:`ProtocolError`), if it did."""
+        err = self._mux._error
+        if isinstance(err, SessionClosed) and err.__cause__ is None:
+            return None
+        return err
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Extra information of the underlying transport (``peername`` ...)."""
+        return self._mux.get_extra_info(name, default)
+
+    async def wait_ready(self) -> None:
+        """Wait for the handshake (formats that have one)."""
+        await self._mux.ready
+
+    async def open_channel(self, name: str = "") -> StreamPair:
+        """Offer a channel named ``name``; return its ``(reader, writer)`` once accepted.
+
+        Raises :class:`~polymux.exceptions.ChannelRejected` if the peer rejects it.
+        """
+        mux = self._mux
+        reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=mux.loop)
+        channel = await mux.open_channel(name, protocol, stream_mode=True)
+        writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
+        return reader, writer
+
+    async def create_channel(
+        self, protocol_factory: Callable[[], asyncio.BaseProtocol], name: str = ""
+    ) -> tuple[ChannelTransport, asyncio.BaseProtocol]:
+        """Open a channel driven by any ``asyncio.Protocol`` (like ``loop.create_connection``)."""
+        protocol = protocol_factory()
+        channel = await self._mux.open_channel(name, protocol, stream_mode=False)
+        return channel, protocol
+
+    async def accept_channel(self, name: str | None = None) -> StreamPair:
+        """Wait for the next incoming channel, or the next one named ``name``.
+
+        Raises :class:`~polymux.exceptions.SessionClosed` when the session ends first.
+        """
+        return await self._mux.accept(name)
+
+    def __aiter__(self) -> AsyncIterator[StreamPair]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[StreamPair]:
+        while True:
+            try:
+                pair = await self._mux.accept(None)
+            except SessionClosed:
+                return
+            yield pair
+
+    async def aclose(self) -> None:
+        """Close gracefully: send what channels have queued (bounded by
+        ``close_timeout``), then close the connection. Channels still open then fail
+        with :class:`~polymux.exceptions.SessionClosed`."""
+        await self._mux.aclose()
+
+    def abort(self) -> None:
+        """Close the connection at once."""
+        if self._mux._transport is not None:
+            self._mux._transport.abort()
+
+    async def wait_closed(self) -> None:
+        """Wait until the connection is gone."""
+        await asyncio.shield(self._mux.closed)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # For helpers that need the protocol (servers, tests).
+    @property
+    def mux(self) -> MuxProtocol:
+        """The :class:`MuxProtocol` behind this session."""
+        return self._mux
+
+
+def _unused(_: BytesLike) -> None:  # pragma: no cover - keeps the alias import explicit
+    pass

@@ -1,0 +1,81 @@
+"""Session configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+__all__ = ["SessionConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Limits and tuning for one session. Every field has a safe default.
+
+    Pass fields as keyword options to :func:`polymux.connect` and friends, or build one
+    and pass ``config=``.
+    """
+
+    receive_window: int = 256 * 1024
+    """Bytes the peer may send on one channel before we return credit (formats with
+    flow control). Bounds the memory one channel can use on the receiving side."""
+
+    ack_min: int = 20 * 1024
+    """Smallest batch of consumed bytes for which credit is returned (the threshold is
+    ``max(ack_min, receive_window / 8)``)."""
+
+    max_channels: int = 1024
+    """Open channels per session (both directions); offers beyond it are rejected."""
+
+    accept_backlog: int = 128
+    """Incoming channels accepted but not yet taken by ``accept_channel``; offers
+    beyond it are rejected."""
+
+    write_buffer_high: int = 64 * 1024
+    """Per channel: unsent bytes above which ``drain()`` blocks."""
+
+    write_buffer_low: int | None = None
+    """Per channel: unsent bytes at or below which ``drain()`` resumes (default high/4)."""
+
+    stream_limit: int = 64 * 1024
+    """``limit`` of each channel's ``asyncio.StreamReader`` (line length for readline)."""
+
+    batch_bytes: int = 256 * 1024
+    """The send scheduler writes at most this much to the socket per turn."""
+
+    handshake_timeout: float = 10.0
+    """Seconds to wait for the peer's handshake (formats that have one)."""
+
+    close_timeout: float = 10.0
+    """Seconds ``Session.aclose()`` lets open channels finish before it cuts them."""
+
+    def __post_init__(self) -> None:
+        for name in ("receive_window", "ack_min", "max_channels", "write_buffer_high", "stream_limit", "batch_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.accept_backlog < 0:
+            raise ValueError(f"SessionConfig.accept_backlog must be >= 0, got {self.accept_backlog!r}")
+        low = self.write_buffer_low
+        if low is not None and not 0 <= low <= self.write_buffer_high:
+            raise ValueError(
+                f"SessionConfig.write_buffer_low must be in 0..write_buffer_high, got {low!r}"
+            )
+        for name in ("handshake_timeout", "close_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SessionConfig.{name} must be positive, got {getattr(self, name)!r}")
+
+    @property
+    def low_water(self) -> int:
+        """The effective low-water mark of channel write buffers."""
+        return self.write_buffer_high // 4 if self.write_buffer_low is None else self.write_buffer_low
+
+    @classmethod
+    def from_options(cls, config: SessionConfig | None = None, **options: Any) -> SessionConfig:
+        """Return ``config`` (or the defaults) with ``options`` applied; unknown names raise."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"unknown session option(s): {', '.join(unknown)}")
+        return replace(config or cls(), **options)

@@ -1,0 +1,23 @@
+"""Sans-I/O state machines, one per wire format, behind one interface (:class:`Engine`)."""
+
+from __future__ import annotations
+
+from polymux.config import SessionConfig
+from polymux.engine.base import Engine
+from polymux.wire import PROTOCOLS
+
+
+__all__ = ["Engine", "make_engine"]
+
+
+def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client: bool = True) -> Engine:
+    """Create the engine for ``protocol`` (one of :data:`polymux.wire.PROTOCOLS`).
+
+    ``is_client`` tells which end of the connection this is, for formats whose id
+    allocation depends on it.
+    """
+    if protocol.startswith("mstream-v") and protocol in PROTOCOLS:
+        from polymux.engine.mstream import MStreamEngine
+
+        return MStreamEngine(int(protocol[-1]), config)
+    raise ValueError(f"unknown protocol {protocol!r}; polymux speaks: {', '.join(PROTOCOLS)}")

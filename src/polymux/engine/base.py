@@ -1,0 +1,139 @@
+"""The sans-I/O engine interface every wire format implements (h2's ``H2Connection`` shape).
+
+Call order, as in every sans-I/O protocol library:
+
+1. Feed received bytes to :meth:`Engine.receive_data`; it returns events. A
+   :class:`~polymux.exceptions.ProtocolError` means the peer broke the format: stop
+   using the engine and end the session.
+2. Issue commands (``open_channel``, ``send_data``, ``ack_consumed`` ...).
+3. After either, call :meth:`Engine.data_to_send` and write what it returns, in order.
+
+The engine never does I/O, never reads a clock of its own and never buffers channel
+data waiting for credit: the I/O layer asks :meth:`Engine.send_credit` how much it may
+send and keeps the rest.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from polymux._types import BytesLike
+
+from polymux.engine.channel import ChannelRecord
+from polymux.engine.events import Event
+from polymux.exceptions import ProtocolError
+
+
+__all__ = ["Engine"]
+
+
+class Engine(ABC):
+    """Base class of the per-format state machines."""
+
+    format: str
+    """The wire format's name, as in ``protocol=``."""
+    max_frame: int
+    """Largest payload one data frame carries."""
+    has_flow_control: bool
+    """True when the peer returns credit on the wire (the reader need not pause the
+    connection to bound memory)."""
+
+    def __init__(self) -> None:
+        self._out: list[BytesLike] = []
+        self._channels: dict[int, ChannelRecord] = {}
+        self._next_handle = 1
+        self.closed = False
+        """True once the engine raised a protocol error or was closed."""
+
+    # -- outbound bytes ----------------------------------------------------------------------
+
+    def data_to_send(self) -> list[BytesLike]:
+        """Return (and forget) the byte chunks to write, in order."""
+        out, self._out = self._out, []
+        return out
+
+    def _new_handle(self) -> int:
+        handle = self._next_handle
+        self._next_handle += 1
+        return handle
+
+    def _record(self, channel: int) -> ChannelRecord:
+        try:
+            return self._channels[channel]
+        except KeyError:
+            raise KeyError(f"{self.format}: no live channel with handle {channel}") from None
+
+    def channel_name(self, channel: int) -> str:
+        """The name of a live channel."""
+        return self._record(channel).name
+
+    def describe(self, channel: int) -> str:
+        """A label for a channel in messages (wire id, origin, name)."""
+        record = self._channels.get(channel)
+        return record.describe() if record else f"channel #{channel}"
+
+    def is_live(self, channel: int) -> bool:
+        """Whether the engine still tracks ``channel``."""
+        return channel in self._channels
+
+    @property
+    def channel_count(self) -> int:
+        """Channels the engine tracks (offered, open or closing)."""
+        return len(self._channels)
+
+    def _error(self, message: str) -> ProtocolError:
+        self.closed = True
+        return ProtocolError(self.format, message)
+
+    # -- the interface -----------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether channels may be opened (the handshake, if any, is done)."""
+
+    @abstractmethod
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process bytes from the peer; return the events they caused.
+
+        After calling this, call :meth:`data_to_send` (replies may be queued).
+        Raises :class:`~polymux.exceptions.ProtocolError` on malformed or illegal input.
+        """
+
+    @abstractmethod
+    def open_channel(self, name: str = "") -> int:
+        """Offer (open) a channel; return its handle."""
+
+    @abstractmethod
+    def accept_channel(self, channel: int) -> None:
+        """Accept a channel the peer offered."""
+
+    @abstractmethod
+    def reject_channel(self, channel: int) -> None:
+        """Reject a channel the peer offered; the engine forgets it."""
+
+    @abstractmethod
+    def send_credit(self, channel: int) -> int:
+        """Bytes that may be sent on ``channel`` now (0 when it cannot send)."""
+
+    @abstractmethod
+    def send_data(self, channel: int, data: BytesLike) -> None:
+        """Queue one data frame. ``len(data)`` must not exceed ``max_frame`` nor
+        :meth:`send_credit`; the I/O layer keeps what does not fit."""
+
+    @abstractmethod
+    def end_channel(self, channel: int) -> bool:
+        """Half-close: we will write no more. Returns True when this closed the channel
+        completely (the peer had ended too) and the engine forgot it."""
+
+    @abstractmethod
+    def reset_channel(self, channel: int, message: str | None = None) -> None:
+        """Terminate the channel abnormally (carrying ``message`` where the format can);
+        the engine forgets it."""
+
+    @abstractmethod
+    def ack_consumed(self, channel: int, n: int) -> None:
+        """The application consumed ``n`` bytes of ``channel``: return credit as due."""
+
+    def close(self) -> None:
+        """End the session on the wire, where the format has a way to say so."""
+        self.closed = True

@@ -1,0 +1,119 @@
+"""Window and credit arithmetic, shared by every wire format.
+
+This is the only module that does flow-control arithmetic (h2's ``windows.py`` shape).
+A format engine keeps one :class:`SendCredit` (what the peer lets us send) and one
+:class:`ReceiveWindow` (what we let the peer send) per channel and calls them; it does
+no window arithmetic of its own.
+
+Byte windows (MultiplexingStream v2/v3, yamux) and message credits (omnistreams) use the
+same classes: the unit is whatever the format counts.
+"""
+
+from __future__ import annotations
+
+
+__all__ = ["UNLIMITED", "ReceiveWindow", "SendCredit", "default_ack_threshold"]
+
+UNLIMITED = 1 << 62
+"""Credit reported for a direction without flow control (e.g. MultiplexingStream v1)."""
+
+
+def default_ack_threshold(window: int, minimum: int) -> int:
+    """Consumed bytes to collect before returning credit: ``max(minimum, window / 8)``.
+
+    This is the reference MultiplexingStream's pacing (``AckThreshold``); it is capped at
+    the window so that a small window can never deadlock.
+    """
+    return min(window, max(minimum, window // 8))
+
+
+class SendCredit:
+    """How much we may still send on one channel.
+
+    ``window`` is the peer's advertised receive window (``None``: no flow control);
+    ``in_flight`` counts units sent and not yet acknowledged by the peer.
+    """
+
+    __slots__ = ("in_flight", "window")
+
+    def __init__(self, window: int | None) -> None:
+        self.window = window
+        self.in_flight = 0
+
+    @property
+    def available(self) -> int:
+        """Units that may be sent now without exceeding the peer's window."""
+        if self.window is None:
+            return UNLIMITED
+        return max(0, self.window - self.in_flight)
+
+    def consume(self, n: int) -> None:
+        """Account for ``n`` units being sent. Sending past the window is a local bug."""
+        if n > self.available:
+            raise ValueError(f"sending {n} units exceeds the available credit of {self.available}")
+        self.in_flight += n
+
+    def release(self, n: int) -> bool:
+        """The peer acknowledged ``n`` units (a delta). Returns False if it acknowledged
+        more than was in flight, which the caller reports as a protocol error."""
+        if n < 0 or n > self.in_flight:
+            return False
+        self.in_flight -= n
+        return True
+
+    def grow(self, n: int) -> None:
+        """The peer enlarged its window by ``n`` (yamux-style increment)."""
+        if self.window is not None:
+            self.window += n
+
+    def set_window(self, window: int) -> bool:
+        """The peer set an absolute window. Windows only grow; returns whether it grew."""
+        if self.window is None or window <= self.window:
+            return False
+        self.window = window
+        return True
+
+
+class ReceiveWindow:
+    """What the peer may still send us on one channel, and when to give credit back.
+
+    ``outstanding`` counts units received and not yet acknowledged; the peer may
+    never push it past ``window``. Units the application has consumed but we have
+    not yet acknowledged collect in ``pending`` until they reach ``threshold``,
+    so acknowledgements are batched.
+    """
+
+    __slots__ = ("outstanding", "pending", "threshold", "window")
+
+    def __init__(self, window: int, threshold: int) -> None:
+        if window <= 0:
+            raise ValueError(f"receive window must be positive, got {window}")
+        if not 0 < threshold <= window:
+            raise ValueError(f"ack threshold must be in 1..{window}, got {threshold}")
+        self.window = window
+        self.threshold = threshold
+        self.outstanding = 0
+        self.pending = 0
+
+    def received(self, n: int) -> bool:
+        """Account for ``n`` units arriving. Returns False when they overrun the window."""
+        if self.outstanding + n > self.window:
+            return False
+        self.outstanding += n
+        return True
+
+    def consumed(self, n: int) -> int:
+        """The application consumed ``n`` units. Returns the credit to send now (0: none yet)."""
+        if n <= 0:
+            return 0
+        self.pending = min(self.pending + n, self.outstanding)
+        if self.pending >= self.threshold:
+            return self.flush()
+        return 0
+
+    def flush(self) -> int:
+        """Return (and account for) all consumed, unacknowledged units."""
+        n = self.pending
+        self.pending = 0
+        self.outstanding -= n
+        return n

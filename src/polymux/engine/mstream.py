@@ -1,0 +1,390 @@
+"""Sans-I/O MultiplexingStream engine (Nerdbank.Streams), protocol versions 1, 2 and 3.
+
+Rules this module follows (from the reference implementation, see PROTOCOL-NOTES A1):
+
+* Channel ids: v1/v2 elect an "odd" party from the handshake's random bytes; it allocates
+  1, 3, 5 ... and the other 2, 4, 6 .... v3 has no handshake: each side counts from 1 and
+  every frame says whose id it is (``source``, from the sender's perspective).
+* Flow control (v2/v3): each side advertises its own receive window in the Offer and the
+  OfferAccepted; ``ContentProcessed`` returns credit as a delta once the application has
+  consumed a batch. Sending past the peer's window is a protocol error. v1 has none.
+* A frame for a channel id that was never allocated is a protocol error. A frame for a
+  channel that existed and is gone is ignored (a benign race with a termination), as the
+  reference does.
+* ChannelTerminated after the peer's ContentWritingCompleted, without an error text, is a
+  clean close; otherwise it is a reset that the application sees as an error.
+* We never grow windows on request: a ChannelWindowGrowthRequest is answered with our
+  current window, which the protocol defines as a refusal.
+"""
+
+from __future__ import annotations
+
+import os
+
+from polymux._types import BytesLike
+from polymux.config import SessionConfig
+from polymux.engine.base import Engine
+from polymux.engine.channel import ChannelRecord
+from polymux.engine.events import (
+    ChannelAccepted,
+    ChannelClosed,
+    ChannelEnded,
+    ChannelOpened,
+    ChannelRejected,
+    ChannelReset,
+    CreditAvailable,
+    DataReceived,
+    Event,
+    ReadingStopped,
+    SessionReady,
+)
+from polymux.engine.flow import ReceiveWindow, SendCredit, default_ack_threshold
+from polymux.exceptions import FlowControlError
+from polymux.wire import mstream as wire
+from polymux.wire.mstream import ControlCode as C
+
+
+__all__ = ["DEFAULT_REMOTE_WINDOW", "MStreamEngine"]
+
+DEFAULT_REMOTE_WINDOW = 5 * wire.MAX_PAYLOAD
+"""Window assumed for a v2/v3 peer that advertises none (the JS port's default)."""
+
+
+class MStreamEngine(Engine):
+    """One side of a MultiplexingStream connection.
+
+    Args:
+        version: protocol major version, 1, 2 or 3.
+        config: session limits; ``receive_window`` is what we advertise (v2/v3).
+        random: the 16 handshake bytes (v1/v2); random by default, fixed in tests.
+    """
+
+    max_frame = wire.MAX_PAYLOAD
+
+    def __init__(
+        self, version: int, config: SessionConfig | None = None, *, random: bytes | None = None
+    ) -> None:
+        super().__init__()
+        if version not in (1, 2, 3):
+            raise ValueError(f"unknown MultiplexingStream version {version!r}")
+        self.version = version
+        self.format = wire.format_name(version)
+        self.has_flow_control = version >= 2
+        self.config = config or SessionConfig()
+        self._decoder = wire.Decoder(version)
+        self._ack_threshold = default_ack_threshold(self.config.receive_window, self.config.ack_min)
+        # Wire-id bookkeeping: (local_origin, wire id) -> handle.
+        self._by_wire: dict[tuple[bool, int], int] = {}
+        self._next_local_id = 0  # 0: not ready yet (v1/v2 wait for the handshake)
+        self._id_step = 1
+        self._max_remote_id = 0
+        self._odd: bool | None = None
+        if version == 3:
+            self._next_local_id = 1
+        else:
+            self._random = random if random is not None else os.urandom(16)
+            self._out.append(wire.encode_handshake(version, self._random))
+
+    # -- public state ----------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """True once ids can be allocated (after the handshake for v1/v2)."""
+        return self._next_local_id > 0
+
+    @property
+    def is_odd(self) -> bool | None:
+        """v1/v2: whether we are the odd party (``None`` before the handshake and in v3)."""
+        return self._odd
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process bytes from the peer and return the resulting events.
+
+        After calling this, call :meth:`data_to_send`: replies (window answers, the
+        termination that completes a clean close) may be queued.
+        """
+        if self.closed:
+            raise self._error("received data after the session ended")
+        events: list[Event] = []
+        try:
+            items = self._decoder.feed(data)
+        except Exception:
+            self.closed = True
+            raise
+        for item in items:
+            if isinstance(item, wire.Handshake):
+                self._on_handshake(item, events)
+            else:
+                self._on_frame(item, events)
+        return events
+
+    def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
+        if hs.version[0] != self.version:
+            raise self._error(
+                f"handshake field version is {hs.version[0]}.{hs.version[1]}, expected {self.version}.x"
+            )
+        if hs.random == self._random:
+            raise self._error("handshake random bytes equal ours; cannot elect the odd party")
+        self._odd = self._random > hs.random
+        self._next_local_id = 1 if self._odd else 2
+        self._id_step = 2
+        events.append(SessionReady())
+
+    def _key(self, frame: wire.Frame) -> tuple[bool, int]:
+        """Map a frame's channel id to ``(local_origin, wire id)``."""
+        cid = frame.channel_id
+        if cid is None:
+            raise self._error(f"frame with code {frame.code} has no channel id")
+        if self.version == 3:
+            if frame.source == wire.ChannelSource.SEEDED:
+                raise self._error(f"frame for seeded channel {cid}, but no seeded channels are configured")
+            # The sender's "local" is our "remote".
+            return frame.source == wire.ChannelSource.REMOTE, cid
+        if cid == 0:
+            raise self._error("frame for channel id 0, which is reserved")
+        return (cid % 2 == 1) == self._odd, cid
+
+    def _was_allocated(self, key: tuple[bool, int]) -> bool:
+        local, cid = key
+        if local:
+            return cid < self._next_local_id
+        return cid <= self._max_remote_id
+
+    def _on_frame(self, frame: wire.Frame, events: list[Event]) -> None:
+        if not self.ready:
+            raise self._error("frame received before the handshake")
+        code = frame.code
+        if code > C.CHANNEL_WINDOW_GROWTH_REQUEST:
+            return  # unknown codes are ignored, as the reference does
+        key = self._key(frame)
+        if code == C.OFFER:
+            self._on_offer(key, frame, events)
+            return
+        handle = self._by_wire.get(key)
+        if handle is None:
+            if self._was_allocated(key):
+                return  # the channel is gone: a race with its termination
+            origin = "our" if key[0] else "the peer's"
+            raise self._error(
+                f"{C(code).name} frame for channel {key[1]}, which {origin} side never opened"
+            )
+        record = self._channels[handle]
+        if code == C.CONTENT:
+            self._on_content(record, frame.payload, events)
+        elif code == C.CONTENT_PROCESSED:
+            self._on_content_processed(record, frame.payload, events)
+        elif code == C.OFFER_ACCEPTED:
+            if not record.local_origin or record.accepted:
+                raise self._error(f"OfferAccepted for {record.describe()}, which is not our pending offer")
+            window = wire.decode_offer_accepted(self.version, frame.payload)
+            if self.version >= 2:
+                record.send.window = DEFAULT_REMOTE_WINDOW if window is None else window
+            record.accepted = True
+            events.append(ChannelAccepted(handle))
+        elif code == C.CONTENT_WRITING_COMPLETED:
+            if record.local_origin and not record.accepted:
+                raise self._error(f"ContentWritingCompleted for {record.describe()} before it was accepted")
+            if record.remote_end:
+                raise self._error(f"second ContentWritingCompleted for {record.describe()}")
+            record.remote_end = True
+            events.append(ChannelEnded(handle))
+            if record.local_end:
+                self._terminate(record)
+                events.append(ChannelClosed(handle))
+        elif code == C.CHANNEL_TERMINATED:
+            message = wire.decode_termination(self.version, frame.payload)
+            if record.local_origin and not record.accepted:
+                self._forget(record)
+                events.append(ChannelRejected(handle))
+                return
+            # Answer with our own termination, as the references do: the JS port keeps a
+            # channel it disposed in its table until the peer's ChannelTerminated arrives.
+            self._terminate(record)
+            if message is None and record.remote_end:
+                events.append(ChannelClosed(handle, local_done=record.local_end))
+            else:
+                events.append(ChannelReset(handle, message))
+        elif code == C.CONTENT_READING_COMPLETED:
+            if not record.remote_stopped_reading:
+                record.remote_stopped_reading = True
+                events.append(ReadingStopped(handle))
+        elif code == C.CHANNEL_WINDOW_ADJUST:
+            window = wire.decode_window_adjust(self.version, frame.payload)
+            if record.send.set_window(window):
+                events.append(CreditAvailable(handle))
+        elif code == C.CHANNEL_WINDOW_GROWTH_REQUEST:
+            # Same window back = refusal; we keep memory bounded by receive_window.
+            if record.recv is not None and not record.local_end:
+                self._send(C.CHANNEL_WINDOW_ADJUST, record, wire.encode_window_adjust(record.recv.window))
+
+    def _on_offer(self, key: tuple[bool, int], frame: wire.Frame, events: list[Event]) -> None:
+        local, cid = key
+        if local:
+            raise self._error(f"Offer for channel {cid}, an id only we may allocate")
+        if cid <= self._max_remote_id:
+            raise self._error(f"Offer reuses channel id {cid} (highest so far {self._max_remote_id})")
+        self._max_remote_id = cid
+        name, window = wire.decode_offer(self.version, frame.payload)
+        handle = self._new_handle()
+        record = ChannelRecord(
+            handle=handle,
+            wire_id=cid,
+            local_origin=False,
+            name=name,
+            send=SendCredit(self._remote_window(window)),
+            recv=self._new_receive_window(),
+        )
+        self._channels[handle] = record
+        self._by_wire[key] = handle
+        events.append(ChannelOpened(handle, name))
+
+    def _on_content(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
+        if record.local_origin and not record.accepted:
+            raise self._error(f"Content for {record.describe()} before it was accepted")
+        if record.remote_end:
+            raise self._error(f"Content for {record.describe()} after its ContentWritingCompleted")
+        n = len(payload)
+        if record.recv is not None and not record.recv.received(n):
+            self.closed = True
+            raise FlowControlError(
+                self.format,
+                f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} "
+                f"bytes > window {record.recv.window}",
+            )
+        if n:
+            events.append(DataReceived(record.handle, payload, n))
+
+    def _on_content_processed(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
+        if self.version == 1:
+            raise self._error(f"ContentProcessed for {record.describe()}, but v1 has no flow control")
+        n = wire.decode_content_processed(self.version, payload)
+        was_blocked = record.send.available == 0
+        if not record.send.release(n):
+            raise self._error(
+                f"ContentProcessed for {record.describe()} acknowledges {n} bytes, "
+                f"but only {record.send.in_flight} are in flight"
+            )
+        if was_blocked and n:
+            events.append(CreditAvailable(record.handle))
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def open_channel(self, name: str = "") -> int:
+        """Offer a channel named ``name``; returns its handle. Requires :attr:`ready`."""
+        if not self.ready:
+            raise RuntimeError(f"{self.format}: cannot open a channel before the handshake completed")
+        cid = self._next_local_id
+        self._next_local_id += self._id_step
+        handle = self._new_handle()
+        record = ChannelRecord(
+            handle=handle,
+            wire_id=cid,
+            local_origin=True,
+            name=name,
+            send=SendCredit(None if self.version == 1 else 0),
+            recv=self._new_receive_window(),
+        )
+        self._channels[handle] = record
+        self._by_wire[(True, cid)] = handle
+        window = self.config.receive_window if self.version >= 2 else None
+        self._send(C.OFFER, record, wire.encode_offer(self.version, name, window))
+        return handle
+
+    def accept_channel(self, channel: int) -> None:
+        """Accept an offer, advertising our receive window (v2/v3)."""
+        record = self._record(channel)
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming offer")
+        record.accepted = True
+        window = self.config.receive_window if self.version >= 2 else None
+        self._send(C.OFFER_ACCEPTED, record, wire.encode_offer_accepted(self.version, window))
+
+    def reject_channel(self, channel: int) -> None:
+        """Reject an incoming offer (ChannelTerminated, as the reference does)."""
+        record = self._record(channel)
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming offer")
+        self._send(C.CHANNEL_TERMINATED, record, b"")
+        self._forget(record)
+
+    def send_credit(self, channel: int) -> int:
+        """Bytes that may be sent on ``channel`` now."""
+        record = self._channels.get(channel)
+        if record is None or not record.accepted or record.local_end or record.remote_stopped_reading:
+            return 0
+        return record.send.available
+
+    def send_data(self, channel: int, data: BytesLike) -> None:
+        """Queue one Content frame (at most :attr:`max_frame` bytes, within the credit)."""
+        record = self._record(channel)
+        n = len(data)
+        if n > self.max_frame:
+            raise ValueError(f"{self.format}: {n} bytes exceed the {self.max_frame}-byte frame maximum")
+        if not record.accepted or record.local_end:
+            raise RuntimeError(f"{self.format}: cannot send on {record.describe()} in state {record.state.value}")
+        record.send.consume(n)
+        if n:
+            self._send(C.CONTENT, record, data)
+
+    def end_channel(self, channel: int) -> bool:
+        """Send ContentWritingCompleted; terminate the channel if the peer ended too."""
+        record = self._record(channel)
+        if record.local_end:
+            return False
+        if not record.accepted:
+            raise RuntimeError(f"{self.format}: cannot end {record.describe()} before it is accepted")
+        record.local_end = True
+        self._send(C.CONTENT_WRITING_COMPLETED, record, b"")
+        if record.remote_end:
+            self._terminate(record)
+            return True
+        return False
+
+    def reset_channel(self, channel: int, message: str | None = None) -> None:
+        """Send ChannelTerminated (with ``message`` in v2/v3) and forget the channel."""
+        record = self._channels.get(channel)
+        if record is None:
+            return
+        self._terminate(record, message)
+
+    def ack_consumed(self, channel: int, n: int) -> None:
+        """Return credit for consumed bytes, batched (ContentProcessed, v2/v3)."""
+        record = self._channels.get(channel)
+        if record is None or record.recv is None or record.remote_end:
+            # After the peer's ContentWritingCompleted no more data comes: credit is moot,
+            # and the JS port fails on ContentProcessed for a channel it already disposed.
+            return
+        credit = record.recv.consumed(n)
+        if credit:
+            self._send(C.CONTENT_PROCESSED, record, wire.encode_content_processed(credit))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _remote_window(self, window: int | None) -> int | None:
+        if self.version == 1:
+            return None
+        return DEFAULT_REMOTE_WINDOW if window is None else window
+
+    def _new_receive_window(self) -> ReceiveWindow | None:
+        if self.version == 1:
+            return None
+        return ReceiveWindow(self.config.receive_window, self._ack_threshold)
+
+    def _send(self, code: int, record: ChannelRecord, payload: BytesLike) -> None:
+        source = None
+        if self.version == 3:
+            source = wire.ChannelSource.LOCAL if record.local_origin else wire.ChannelSource.REMOTE
+        out = self._out
+        out.append(wire.encode_header(self.version, code, record.wire_id, len(payload), source))
+        if payload:
+            out.append(payload)
+
+    def _terminate(self, record: ChannelRecord, message: str | None = None) -> None:
+        self._send(C.CHANNEL_TERMINATED, record, wire.encode_termination(self.version, message))
+        self._forget(record)
+
+    def _forget(self, record: ChannelRecord) -> None:
+        self._channels.pop(record.handle, None)
+        self._by_wire.pop((record.local_origin, record.wire_id), None)

@@ -1,0 +1,105 @@
+"""The polymux exception tree.
+
+Every error polymux raises derives from :class:`PolymuxError`::
+
+    PolymuxError
+    ├── ProtocolError                  the peer broke the wire format; the session ends
+    │   └── FlowControlError           the peer sent more than the window it was given
+    ├── ChannelError                   something ended one channel (other channels go on)
+    │   ├── ChannelRejected            our offer was rejected (also ConnectionRefusedError)
+    │   ├── ChannelReset               the peer reset/terminated the channel (also
+    │   │                              ConnectionResetError); ``.message`` carries its text
+    │   └── ChannelClosedError         the channel is closed for this operation (also
+    │                                  BrokenPipeError)
+    ├── SessionClosed                  the session is closed or its connection was lost
+    │                                  (also ConnectionError)
+    └── LimitExceeded                  a configured limit refused the request
+
+Messages always name the wire format and, where there is one, the channel.
+"""
+
+from __future__ import annotations
+
+
+__all__ = [
+    "ChannelClosedError",
+    "ChannelError",
+    "ChannelRejected",
+    "ChannelReset",
+    "FlowControlError",
+    "LimitExceeded",
+    "PolymuxError",
+    "ProtocolError",
+    "SessionClosed",
+]
+
+
+class PolymuxError(Exception):
+    """Base class of every polymux exception."""
+
+
+class ProtocolError(PolymuxError):
+    """The peer (or the bytes being decoded) violated the wire format.
+
+    Raised by codecs and engines; the asyncio layer ends the session with it,
+    and every channel of that session then fails with :class:`SessionClosed`
+    whose ``__cause__`` is this error.
+    """
+
+    def __init__(self, fmt: str, message: str) -> None:
+        super().__init__(f"{fmt}: {message}")
+        self.format = fmt
+        """The wire format's name, e.g. ``"mstream-v2"``."""
+        self.detail = message
+        """What was wrong, without the format prefix."""
+
+
+class FlowControlError(ProtocolError):
+    """The peer sent more bytes than the receive window it was given."""
+
+
+class ChannelError(PolymuxError):
+    """Base class of errors that end a single channel."""
+
+
+class ChannelRejected(ChannelError, ConnectionRefusedError):
+    """The peer rejected our channel offer."""
+
+    def __init__(self, fmt: str, channel: object, name: str) -> None:
+        super().__init__(f"{fmt}: offer of channel {channel} (name {name!r}) was rejected by the peer")
+        self.format = fmt
+        self.channel = channel
+        self.name = name
+
+
+class ChannelReset(ChannelError, ConnectionResetError):
+    """The peer terminated the channel before it ended cleanly.
+
+    ``message`` is the error text the peer sent, when the format carries one
+    (MultiplexingStream v2/v3, multiplex); otherwise ``None``.
+    """
+
+    def __init__(self, fmt: str, channel: object, message: str | None = None) -> None:
+        text = f"{fmt}: channel {channel} was reset by the peer"
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+        self.format = fmt
+        self.channel = channel
+        self.message = message
+
+
+class ChannelClosedError(ChannelError, BrokenPipeError):
+    """The operation is not possible because this side (or the peer) closed the channel."""
+
+
+class SessionClosed(PolymuxError, ConnectionError):
+    """The session was closed, or its connection was lost.
+
+    When the session ended because of an error (a protocol violation, a reset
+    connection), that error is the ``__cause__``.
+    """
+
+
+class LimitExceeded(PolymuxError):
+    """A configured limit (channels, pending offers, sizes) refused the request."""
