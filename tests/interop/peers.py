@@ -1,0 +1,56 @@
+"""The polymux side of the interop scenarios, mirroring ``node/mstream_peer.js``.
+
+Channel behaviours by name prefix (the offering side sends, the responder reacts):
+``echo/`` echoes until the peer half-closes; ``name/`` replies with the channel's name;
+``halfclose/`` counts bytes until the half-close and replies with the count;
+``reject/`` is rejected; ``error/<text>`` is terminated at once with ``<text>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import polymux
+
+
+def pattern(index: int, size: int) -> bytes:
+    """The bytes the driver sends on ``echo/<index>`` (same formula as the Node peer)."""
+    return bytes((j * 31 + index * 7) & 0xFF for j in range(256)) * (size // 256) + bytes(
+        (j * 31 + index * 7) & 0xFF for j in range(size % 256)
+    )
+
+
+def offer_filter(name: str) -> bool:
+    """Reject ``reject/`` offers, accept the rest."""
+    return not name.startswith("reject/")
+
+
+async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Handle one incoming channel by its name."""
+    transport = writer.transport
+    name = transport.get_extra_info("channel_name")
+    try:
+        if name.startswith("echo/"):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        elif name.startswith("name/"):
+            writer.write(name.encode())
+            await writer.drain()
+            await reader.read()
+        elif name.startswith("halfclose/"):
+            total = 0
+            while data := await reader.read(65536):
+                total += len(data)
+            writer.write(str(total).encode())
+        elif name.startswith("error/"):
+            assert isinstance(transport, polymux.ChannelTransport)
+            transport.reset(name[len("error/") :])
+            return
+        writer.write_eof()
+        await writer.drain()
+    finally:
+        writer.close()
+        with contextlib.suppress(polymux.PolymuxError, ConnectionError):
+            await writer.wait_closed()
