@@ -51,7 +51,14 @@ class SessionConfig:
     """Seconds ``Session.aclose()`` lets open channels finish before it cuts them."""
 
     def __post_init__(self) -> None:
-        for name in ("receive_window", "ack_min", "max_channels", "write_buffer_high", "stream_limit", "batch_bytes"):
+        for name in (
+            "receive_window",
+            "ack_min",
+            "max_channels",
+            "write_buffer_high",
+            "stream_limit",
+            "batch_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
@@ -59,9 +66,7 @@ class SessionConfig:
             raise ValueError(f"SessionConfig.accept_backlog must be >= 0, got {self.accept_backlog!r}")
         low = self.write_buffer_low
         if low is not None and not 0 <= low <= self.write_buffer_high:
-            raise ValueError(
-                f"SessionConfig.write_buffer_low must be in 0..write_buffer_high, got {low!r}"
-            )
+            raise ValueError(f"SessionConfig.write_buffer_low must be in 0..write_buffer_high, got {low!r}")
         for name in ("handshake_timeout", "close_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SessionConfig.{name} must be positive, got {getattr(self, name)!r}")

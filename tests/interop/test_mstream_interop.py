@@ -44,7 +44,7 @@ async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
 async def _finish(proc: asyncio.subprocess.Process) -> dict[str, object]:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 60)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         raise

@@ -42,7 +42,7 @@ class ChannelStreamReader(asyncio.StreamReader):
     return credit, and nothing else does (credit on consumption, not on arrival).
     """
 
-    _transport: ChannelTransport | None  # type: ignore[assignment]
+    _transport: ChannelTransport | None
     _buffer: bytearray
 
     def _maybe_resume_transport(self) -> None:
@@ -82,7 +82,9 @@ class ChannelTransport(asyncio.Transport):
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
-        return f"<ChannelTransport {self._mux.engine.describe(self._handle)} {state} buffered={self._buffered}>"
+        return (
+            f"<ChannelTransport {self._mux.engine.describe(self._handle)} {state} buffered={self._buffered}>"
+        )
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -123,7 +125,7 @@ class ChannelTransport(asyncio.Transport):
 
     # -- write side --------------------------------------------------------------------------
 
-    def write(self, data: BytesLike) -> None:  # type: ignore[override]
+    def write(self, data: BytesLike) -> None:
         """Queue ``data``; it is sent in frames as credit and the socket allow."""
         if self._write_error is not None:
             raise self._write_error
@@ -202,7 +204,7 @@ class ChannelTransport(asyncio.Transport):
             chunk = buf.popleft()
         else:
             # Coalesce small writes into one frame.
-            parts = []
+            parts: list[BytesLike] = []
             size = 0
             while buf and size < n:
                 part = buf[0]
@@ -343,11 +345,11 @@ class ChannelTransport(asyncio.Transport):
     def _peer_reset(self, message: str | None) -> None:
         self._finish(ChannelReset(self._mux.engine.format, self._label(), message))
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: Exception) -> None:
         """The session ended under this channel."""
         self._finish(exc)
 
-    def _finish(self, exc: BaseException | None) -> None:
+    def _finish(self, exc: Exception | None) -> None:
         """Final state: nothing more will be sent or received."""
         if self._close_timer is not None:
             self._close_timer.cancel()
@@ -359,7 +361,7 @@ class ChannelTransport(asyncio.Transport):
         self._mux._channel_done(self)
         self._deliver_lost(exc)
 
-    def _deliver_lost(self, exc: BaseException | None) -> None:
+    def _deliver_lost(self, exc: Exception | None) -> None:
         if self._done:
             return
         self._done = True

@@ -36,7 +36,7 @@ async def _ready(mux: MuxProtocol) -> Session:
     """Wait for the handshake; on failure or timeout close the connection and raise."""
     try:
         await asyncio.wait_for(asyncio.shield(mux.ready), mux.config.handshake_timeout)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         mux.session.abort()
         raise SessionClosed(
             f"{mux.engine.format}: no handshake from the peer within {mux.config.handshake_timeout} s"
@@ -65,7 +65,9 @@ async def connect(
     them with ``session.accept_channel()`` or ``async for``.
     """
     session_opts, conn_opts = _split_options(options)
-    _cfg, make = _factory(protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter)
+    _cfg, make = _factory(
+        protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter
+    )
     loop = asyncio.get_running_loop()
     _transport, mux = await loop.create_connection(make, host, port, **conn_opts)
     return await _ready(mux)
@@ -82,7 +84,9 @@ async def connect_unix(
 ) -> Session:
     """Connect over a unix socket and return a ready :class:`Session` (see :func:`connect`)."""
     session_opts, conn_opts = _split_options(options)
-    _cfg, make = _factory(protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter)
+    _cfg, make = _factory(
+        protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter
+    )
     loop = asyncio.get_running_loop()
     _transport, mux = await loop.create_unix_connection(make, os.fspath(path), **conn_opts)
     return await _ready(mux)
@@ -111,8 +115,19 @@ async def over(
 
 
 _CONNECTION_OPTIONS = frozenset(
-    {"ssl", "family", "proto", "flags", "sock", "local_addr", "server_hostname", "ssl_handshake_timeout",
-     "ssl_shutdown_timeout", "happy_eyeballs_delay", "interleave"}
+    {
+        "ssl",
+        "family",
+        "proto",
+        "flags",
+        "sock",
+        "local_addr",
+        "server_hostname",
+        "ssl_handshake_timeout",
+        "ssl_shutdown_timeout",
+        "happy_eyeballs_delay",
+        "interleave",
+    }
 )
 
 
@@ -156,7 +171,7 @@ class _StreamPairTransport(asyncio.Transport):
                 self._mux.data_received(data)
         except asyncio.CancelledError:
             pass
-        except Exception as e:  # the pipe broke
+        except Exception as e:  # noqa: BLE001 - whatever broke the pipe ends the session
             exc = e
         self._lose(exc)
 
@@ -182,7 +197,7 @@ class _StreamPairTransport(asyncio.Transport):
     async def _drain(self) -> None:
         try:
             await self._writer.drain()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever broke the pipe ends the session
             self._lose(exc)
             return
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
@@ -83,7 +83,7 @@ class Server:
         assert self._server is not None
         await self._server.serve_forever()
 
-    async def __aenter__(self) -> Server:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -15,13 +15,11 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Self, cast
 
-from polymux._types import BytesLike
 from polymux.aio.channel import ChannelStreamReader, ChannelTransport
 from polymux.config import SessionConfig
-from polymux.engine import Engine, make_engine
-from polymux.engine import events as ev
+from polymux.engine import Engine, events as ev, make_engine
 from polymux.exceptions import (
     ChannelRejected,
     ChannelReset,
@@ -84,8 +82,8 @@ class MuxProtocol(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self._transport = cast(asyncio.Transport, transport)
         if self.engine.ready:
             self.ready.set_result(None)
         self._schedule_flush()
@@ -137,9 +135,9 @@ class MuxProtocol(asyncio.Protocol):
         self._accept_waiters.clear()
         if not self.ready.done():
             self.ready.set_exception(error)
-        for waiter in self._drain_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        for drain_waiter in self._drain_waiters:
+            if not drain_waiter.done():
+                drain_waiter.set_result(None)
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -191,7 +189,9 @@ class MuxProtocol(asyncio.Protocol):
             fut = self._offers.pop(event.channel, None)
             channel = self._channels.get(event.channel)
             if fut is not None and not fut.done():
-                exc = ChannelReset(self.engine.format, channel.name if channel else event.channel, event.message)
+                exc = ChannelReset(
+                    self.engine.format, channel.name if channel else event.channel, event.message
+                )
                 fut.set_exception(exc)
             if channel is not None:
                 channel._peer_reset(event.message)
@@ -290,7 +290,9 @@ class MuxProtocol(asyncio.Protocol):
         elif not paused and self._read_pausers == 0:
             transport.resume_reading()
 
-    async def open_channel(self, name: str, protocol: asyncio.BaseProtocol, *, stream_mode: bool) -> ChannelTransport:
+    async def open_channel(
+        self, name: str, protocol: asyncio.BaseProtocol, *, stream_mode: bool
+    ) -> ChannelTransport:
         """Offer a channel and wait until the peer accepts it."""
         await self.ready
         self._check_open()
@@ -311,7 +313,7 @@ class MuxProtocol(asyncio.Protocol):
             self._offers.pop(handle, None)
             channel.abort()  # rescinds the offer
             raise
-        except BaseException as exc:
+        except Exception as exc:
             channel._finish(exc)
             raise
         return channel
@@ -395,7 +397,9 @@ class MuxProtocol(asyncio.Protocol):
 
     async def flush(self) -> None:
         """Wait until everything queued so far was handed to the socket transport."""
-        while self._transport is not None and (self._ready_queue or self._flush_pending or self._write_paused):
+        while self._transport is not None and (
+            self._ready_queue or self._flush_pending or self._write_paused
+        ):
             if any(ch._wants_send() for ch in self._ready_queue) or self._flush_pending or self._write_paused:
                 waiter: asyncio.Future[None] = self.loop.create_future()
                 self._drain_waiters.append(waiter)
@@ -424,7 +428,7 @@ class MuxProtocol(asyncio.Protocol):
         if self._transport is not None:
             try:
                 await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
             self.engine.close()
             self._flush()
@@ -545,7 +549,7 @@ class Session:
         """Wait until the connection is gone."""
         await asyncio.shield(self._mux.closed)
 
-    async def __aenter__(self) -> Session:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -556,7 +560,3 @@ class Session:
     def mux(self) -> MuxProtocol:
         """The :class:`MuxProtocol` behind this session."""
         return self._mux
-
-
-def _unused(_: BytesLike) -> None:  # pragma: no cover - keeps the alias import explicit
-    pass

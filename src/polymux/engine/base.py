@@ -16,8 +16,8 @@ send and keeps the rest.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from polymux._types import BytesLike
 
+from polymux._types import BytesLike
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import Event
 from polymux.exceptions import ProtocolError

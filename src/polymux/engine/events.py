@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polymux._types import BytesLike
+
 
 __all__ = [
     "ChannelAccepted",
@@ -69,7 +71,7 @@ class DataReceived(Event):
     """
 
     channel: int
-    data: bytes | memoryview
+    data: BytesLike
     flow_controlled_length: int
     """Units charged to the receive window for this data."""
 

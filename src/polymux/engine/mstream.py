@@ -39,12 +39,24 @@ from polymux.engine.events import (
     SessionReady,
 )
 from polymux.engine.flow import ReceiveWindow, SendCredit, default_ack_threshold
-from polymux.exceptions import FlowControlError
+from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import mstream as wire
 from polymux.wire.mstream import ControlCode as C
 
 
 __all__ = ["DEFAULT_REMOTE_WINDOW", "MStreamEngine"]
+
+_CODE_NAMES: dict[int, str] = {
+    C.OFFER: "Offer",
+    C.OFFER_ACCEPTED: "OfferAccepted",
+    C.CONTENT: "Content",
+    C.CONTENT_WRITING_COMPLETED: "ContentWritingCompleted",
+    C.CHANNEL_TERMINATED: "ChannelTerminated",
+    C.CONTENT_PROCESSED: "ContentProcessed",
+    C.CONTENT_READING_COMPLETED: "ContentReadingCompleted",
+    C.CHANNEL_WINDOW_ADJUST: "ChannelWindowAdjust",
+    C.CHANNEL_WINDOW_GROWTH_REQUEST: "ChannelWindowGrowthRequest",
+}
 
 DEFAULT_REMOTE_WINDOW = 5 * wire.MAX_PAYLOAD
 """Window assumed for a v2/v3 peer that advertises none (the JS port's default)."""
@@ -109,15 +121,14 @@ class MStreamEngine(Engine):
             raise self._error("received data after the session ended")
         events: list[Event] = []
         try:
-            items = self._decoder.feed(data)
-        except Exception:
+            for item in self._decoder.feed(data):
+                if isinstance(item, wire.Handshake):
+                    self._on_handshake(item, events)
+                else:
+                    self._on_frame(item, events)
+        except ProtocolError:
             self.closed = True
             raise
-        for item in items:
-            if isinstance(item, wire.Handshake):
-                self._on_handshake(item, events)
-            else:
-                self._on_frame(item, events)
         return events
 
     def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
@@ -168,7 +179,7 @@ class MStreamEngine(Engine):
                 return  # the channel is gone: a race with its termination
             origin = "our" if key[0] else "the peer's"
             raise self._error(
-                f"{C(code).name} frame for channel {key[1]}, which {origin} side never opened"
+                f"{_CODE_NAMES[code]} frame for channel {key[1]}, which {origin} side never opened"
             )
         record = self._channels[handle]
         if code == C.CONTENT:
@@ -214,10 +225,9 @@ class MStreamEngine(Engine):
             window = wire.decode_window_adjust(self.version, frame.payload)
             if record.send.set_window(window):
                 events.append(CreditAvailable(handle))
-        elif code == C.CHANNEL_WINDOW_GROWTH_REQUEST:
+        elif code == C.CHANNEL_WINDOW_GROWTH_REQUEST and record.recv is not None and not record.remote_end:
             # Same window back = refusal; we keep memory bounded by receive_window.
-            if record.recv is not None and not record.local_end:
-                self._send(C.CHANNEL_WINDOW_ADJUST, record, wire.encode_window_adjust(record.recv.window))
+            self._send(C.CHANNEL_WINDOW_ADJUST, record, wire.encode_window_adjust(record.recv.window))
 
     def _on_offer(self, key: tuple[bool, int], frame: wire.Frame, events: list[Event]) -> None:
         local, cid = key
@@ -322,8 +332,10 @@ class MStreamEngine(Engine):
         n = len(data)
         if n > self.max_frame:
             raise ValueError(f"{self.format}: {n} bytes exceed the {self.max_frame}-byte frame maximum")
-        if not record.accepted or record.local_end:
-            raise RuntimeError(f"{self.format}: cannot send on {record.describe()} in state {record.state.value}")
+        if not record.accepted or record.local_end or record.remote_stopped_reading:
+            raise RuntimeError(
+                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
+            )
         record.send.consume(n)
         if n:
             self._send(C.CONTENT, record, data)

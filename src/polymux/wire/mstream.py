@@ -21,10 +21,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
+from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
 
 
@@ -112,13 +113,17 @@ class Frame:
     """Control code."""
     channel_id: int | None = None
     """Channel id, ``None`` for frames without one."""
-    payload: bytes | memoryview = b""
+    payload: BytesLike = b""
     """Payload; decoded frames hold a view into the received bytes (no copy)."""
     source: int | None = None
     """v3 only: channel source from the sender's perspective (see :class:`ChannelSource`)."""
 
 
 # -- encoding ------------------------------------------------------------------------------
+
+
+def _packb(obj: object) -> bytes:
+    return cast(bytes, msgpack.packb(obj, use_bin_type=True))
 
 
 def _pack_uint(n: int) -> bytes:
@@ -151,7 +156,7 @@ def encode_handshake(version: int, random: bytes) -> bytes:
     if version == 1:
         return V1_MAGIC + random
     if version == 2:
-        return msgpack.packb([[2, 0], random], use_bin_type=True)
+        return _packb([[2, 0], random])
     raise ValueError(f"mstream-v{version} has no handshake")
 
 
@@ -186,21 +191,17 @@ def encode_header(
 def encode_frame(version: int, frame: Frame) -> bytes:
     """Encode one frame."""
     payload = frame.payload
-    return encode_header(version, frame.code, frame.channel_id, len(payload), frame.source) + bytes(
-        payload
-    )
+    return encode_header(version, frame.code, frame.channel_id, len(payload), frame.source) + bytes(payload)
 
 
 # -- payloads ------------------------------------------------------------------------------
 
 
-def _unpack_payload(version: int, what: str, payload: bytes | memoryview) -> list[Any]:
+def _unpack_payload(version: int, what: str, payload: BytesLike) -> list[Any]:
     try:
         value = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise ProtocolError(
-            format_name(version), f"{what} payload is not valid msgpack ({exc})"
-        ) from None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(format_name(version), f"{what} payload is not valid msgpack ({exc})") from None
     if not isinstance(value, list):
         raise ProtocolError(
             format_name(version), f"{what} payload must be a msgpack array, got {type(value).__name__}"
@@ -218,10 +219,10 @@ def encode_offer(version: int, name: str, window: int | None) -> bytes:
     """Offer payload: v1 the UTF-8 name; v2/v3 msgpack ``[name]`` or ``[name, window]``."""
     if version == 1:
         return name.encode()
-    return msgpack.packb([name] if window is None else [name, window])
+    return _packb([name] if window is None else [name, window])
 
 
-def decode_offer(version: int, payload: bytes | memoryview) -> tuple[str, int | None]:
+def decode_offer(version: int, payload: BytesLike) -> tuple[str, int | None]:
     """Return ``(name, receiving window or None)`` from an Offer payload."""
     if version == 1:
         try:
@@ -241,10 +242,10 @@ def encode_offer_accepted(version: int, window: int | None) -> bytes:
     """OfferAccepted payload: empty for v1, msgpack ``[window]`` for v2/v3."""
     if version == 1 or window is None:
         return b""
-    return msgpack.packb([window])
+    return _packb([window])
 
 
-def decode_offer_accepted(version: int, payload: bytes | memoryview) -> int | None:
+def decode_offer_accepted(version: int, payload: BytesLike) -> int | None:
     """Return the acceptor's receiving window, or ``None`` when it gave none."""
     if version == 1 or not payload:
         return None
@@ -256,10 +257,10 @@ def decode_offer_accepted(version: int, payload: bytes | memoryview) -> int | No
 
 def encode_content_processed(n: int) -> bytes:
     """ContentProcessed payload: msgpack ``[bytes processed]`` (a delta)."""
-    return msgpack.packb([n])
+    return _packb([n])
 
 
-def decode_content_processed(version: int, payload: bytes | memoryview) -> int:
+def decode_content_processed(version: int, payload: BytesLike) -> int:
     """Return the number of bytes the peer processed (a delta)."""
     value = _unpack_payload(version, "ContentProcessed", payload)
     if not value:
@@ -269,10 +270,10 @@ def decode_content_processed(version: int, payload: bytes | memoryview) -> int:
 
 def encode_window_adjust(window: int) -> bytes:
     """ChannelWindowAdjust payload: msgpack ``[new absolute window]``."""
-    return msgpack.packb([window])
+    return _packb([window])
 
 
-def decode_window_adjust(version: int, payload: bytes | memoryview) -> int:
+def decode_window_adjust(version: int, payload: BytesLike) -> int:
     """Return the new absolute window from a ChannelWindowAdjust payload."""
     value = _unpack_payload(version, "ChannelWindowAdjust", payload)
     if not value:
@@ -284,10 +285,10 @@ def encode_termination(version: int, message: str | None) -> bytes:
     """ChannelTerminated payload: the error text in msgpack ``[text]`` (v2+ only)."""
     if version == 1 or not message:
         return b""
-    return msgpack.packb([message])
+    return _packb([message])
 
 
-def decode_termination(version: int, payload: bytes | memoryview) -> str | None:
+def decode_termination(version: int, payload: BytesLike) -> str | None:
     """Return the error text of a ChannelTerminated frame, or ``None``."""
     if version == 1 or not payload:
         return None
@@ -309,9 +310,9 @@ class _Incomplete(Exception):
 
 
 _INCOMPLETE = _Incomplete()
-# Longest possible v2/v3 envelope header: array16 (3) + code, id (9 each) + source (2)
-# + bin32 header (5).
-_MAX_HEADER = 3 + 9 + 9 + 2 + 5
+# Longest possible v2/v3 envelope header: array16 (3) + code, id, source (up to 9 each:
+# any msgpack integer width is legal) + bin32 header (5).
+_MAX_HEADER = 3 + 9 + 9 + 9 + 5
 
 
 def _read_int(buf: memoryview, pos: int, end: int, fmt: str, field: str) -> tuple[int | None, int]:
@@ -331,7 +332,8 @@ def _read_int(buf: memoryview, pos: int, end: int, fmt: str, field: str) -> tupl
             raise _INCOMPLETE
         signed = b >= 0xD0
         return int.from_bytes(buf[pos + 1 : pos + 1 + size], "big", signed=signed), pos + 1 + size
-    raise ProtocolError(fmt, f"frame field {field} must be a msgpack integer, got type byte 0x{b:02x}")
+    where = field if field.startswith("handshake") else f"frame field {field}"
+    raise ProtocolError(fmt, f"{where} must be a msgpack integer, got type byte 0x{b:02x}")
 
 
 class Decoder:
@@ -371,6 +373,8 @@ class Decoder:
             if have + len(data) < total:
                 self._partial += data
                 return out
+            if total < have:  # cannot happen with a correct _MAX_HEADER; never slice backwards
+                raise ProtocolError(self.format, f"frame length {total} is shorter than its header")
             whole = memoryview(bytes(self._partial) + data[: total - have])
             self._partial.clear()
             out.append(self._parse(whole, 0, total))
@@ -409,15 +413,15 @@ class Decoder:
         if self.version == 1:
             if end - pos < 7:
                 raise _INCOMPLETE
-            _code, _cid, length = _V1_HEADER.unpack_from(buf, pos)
+            length: int = _V1_HEADER.unpack_from(buf, pos)[2]
             if length > MAX_PAYLOAD:
                 raise ProtocolError(
                     self.format,
                     f"frame payload length {length} exceeds the {MAX_PAYLOAD}-byte maximum",
                 )
             return 7 + length
-        header_len, payload_len = self._envelope(buf, pos, end)[4:]
-        return header_len + payload_len
+        envelope = self._envelope(buf, pos, end)
+        return int(envelope[4] + envelope[5])
 
     def _parse(self, buf: memoryview, pos: int, end: int) -> Frame | Handshake:
         if self._need_handshake:
@@ -478,9 +482,7 @@ class Decoder:
             b = buf[pos]
             size = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(b)
             if size is None:
-                raise ProtocolError(
-                    fmt, f"frame field payload must be msgpack bin, got type byte 0x{b:02x}"
-                )
+                raise ProtocolError(fmt, f"frame field payload must be msgpack bin, got type byte 0x{b:02x}")
             if end - pos < 1 + size:
                 raise _INCOMPLETE
             payload_len = int.from_bytes(buf[pos + 1 : pos + 1 + size], "big")
@@ -510,12 +512,16 @@ class Decoder:
                 self.format,
                 f"handshake field version must be a [major, minor] array, got type byte 0x{buf[pos]:02x}",
             )
-        _major, pos = _read_int(buf, pos + 1, end, self.format, "version.major")
-        _minor, pos = _read_int(buf, pos, end, self.format, "version.minor")
+        _major, pos = _read_int(buf, pos + 1, end, self.format, "handshake version.major")
+        _minor, pos = _read_int(buf, pos, end, self.format, "handshake version.minor")
         if end - pos < 2:
             raise _INCOMPLETE
         if buf[pos] != 0xC4 or buf[pos + 1] != _RANDOM_LEN:
-            raise ProtocolError(self.format, "handshake field random must be 16 bytes of msgpack bin")
+            raise ProtocolError(
+                self.format,
+                "handshake field random must be 16 bytes of msgpack bin, got type byte "
+                f"0x{buf[pos]:02x} length byte {buf[pos + 1]}",
+            )
         return pos + 2 + _RANDOM_LEN - start
 
     def _parse_handshake(self, buf: memoryview, pos: int, end: int) -> Handshake:
