@@ -51,6 +51,17 @@ class ChannelStreamReader(asyncio.StreamReader):
         if transport is not None:
             transport._reader_consumed(len(self._buffer))
 
+    async def _wait_for_data(self, func_name: str) -> None:
+        # A reader that waits while bytes sit in its buffer needs more than is there
+        # (readexactly(n), readuntil(...)): credit what it holds so the peer can send the
+        # rest, or n > window would deadlock. The stdlib resumes a paused socket here
+        # for the same reason. Memory stays bounded by what the application asked for
+        # (n, or the reader's limit) plus one window.
+        transport = self._transport
+        if transport is not None:
+            transport._reader_waiting()
+        await super()._wait_for_data(func_name)  # type: ignore[misc]
+
 
 class ChannelTransport(asyncio.Transport):
     """The transport of one channel of a session (see the module docstring)."""
@@ -263,10 +274,17 @@ class ChannelTransport(asyncio.Transport):
             self._mux._ack(self._handle, n)
 
     def _reader_consumed(self, still_buffered: int) -> None:
+        # Uncredited bytes are always the newest, at the end of the reader's buffer; what
+        # is gone from the buffer beyond them was consumed.
         consumed = self._unconsumed - still_buffered
         if consumed > 0:
             self._unconsumed = still_buffered
             self._mux._ack(self._handle, consumed)
+
+    def _reader_waiting(self) -> None:
+        if self._unconsumed:
+            n, self._unconsumed = self._unconsumed, 0
+            self._mux._ack(self._handle, n)
 
     def _remote_end(self) -> None:
         """The peer finished writing."""
