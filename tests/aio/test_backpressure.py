@@ -23,7 +23,7 @@ WINDOW = 128 * 1024
 HIGH = 64 * 1024
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
     """Wait until ``predicate()`` holds (polling the loop), or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not predicate():
