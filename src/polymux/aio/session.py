@@ -100,6 +100,8 @@ class MuxProtocol(asyncio.Protocol):
         for event in events:
             self._dispatch(event)
         self._schedule_flush()
+        if self._drain_waiters:
+            self._wake()
 
     def eof_received(self) -> bool:
         # The peer closed its side of the connection: the session is over.
@@ -135,9 +137,7 @@ class MuxProtocol(asyncio.Protocol):
         self._accept_waiters.clear()
         if not self.ready.done():
             self.ready.set_exception(error)
-        for drain_waiter in self._drain_waiters:
-            if not drain_waiter.done():
-                drain_waiter.set_result(None)
+        self._wake()
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -229,7 +229,7 @@ class MuxProtocol(asyncio.Protocol):
         channel._accepted = True
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         if self._handler is not None:
-            protocol = asyncio.StreamReaderProtocol(reader, self._handler, loop=self.loop)
+            protocol = asyncio.StreamReaderProtocol(reader, self._run_handler, loop=self.loop)
             channel._attach(protocol, stream_mode=True)
             return
         protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
@@ -237,6 +237,20 @@ class MuxProtocol(asyncio.Protocol):
         writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
         self._incoming.append((name, (reader, writer)))
         self._serve_accept_waiters()
+
+    async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Run the channel handler; an exception it raises resets the channel, carrying
+        ``"Type: message"`` to the peer where the format can."""
+        assert self._handler is not None
+        try:
+            result = self._handler(reader, writer)
+            if result is not None:
+                await result
+        except Exception as exc:
+            transport = writer.transport
+            logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
+            if isinstance(transport, ChannelTransport):
+                transport.reset(exc)
 
     def _backlog_full(self) -> bool:
         return len(self._incoming) >= self.config.accept_backlog
@@ -372,9 +386,7 @@ class MuxProtocol(asyncio.Protocol):
                 break
             transport.write(b"".join(out))
         if not self._write_paused:
-            for waiter in self._drain_waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake()
 
     def _send_turn(self, channel: ChannelTransport, max_frame: int) -> int:
         """One channel's turn: at most one frame, or its end-of-writing."""
@@ -396,19 +408,24 @@ class MuxProtocol(asyncio.Protocol):
         return 0
 
     async def flush(self) -> None:
-        """Wait until everything queued so far was handed to the socket transport."""
-        while self._transport is not None and (
-            self._ready_queue or self._flush_pending or self._write_paused
-        ):
-            if any(ch._wants_send() for ch in self._ready_queue) or self._flush_pending or self._write_paused:
-                waiter: asyncio.Future[None] = self.loop.create_future()
-                self._drain_waiters.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    self._drain_waiters.remove(waiter)
-            else:
-                break
+        """Wait until the scheduler has handed everything it can send now to the socket
+        transport (data waiting for credit stays queued)."""
+        while self._transport is not None and (self._flush_pending or self._write_paused):
+            await self._activity()
+
+    async def _activity(self) -> None:
+        """Wait for the next scheduler run or received data (or the end of the session)."""
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._drain_waiters.remove(waiter)
+
+    def _wake(self) -> None:
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- ending ------------------------------------------------------------------------------
 
@@ -437,11 +454,15 @@ class MuxProtocol(asyncio.Protocol):
         await asyncio.shield(self.closed)
 
     async def _drain_channels(self) -> None:
-        while any(ch._buffered and not ch._done for ch in self._channels.values()):
-            await self.flush()
-            if any(ch._buffered and not ch._done for ch in self._channels.values()):
-                # Waiting for credit from the peer: check again shortly.
-                await asyncio.sleep(0.01)
+        def unsent() -> bool:
+            return any(
+                (ch._buffered or (ch._eof_requested and not ch._eof_sent)) and not ch._done
+                for ch in self._channels.values()
+            )
+
+        while self._transport is not None and unsent():
+            # Progress needs a scheduler run, or credit from the peer (received data).
+            await self._activity()
         await self.flush()
 
 
