@@ -65,8 +65,8 @@ class ChannelError(PolymuxError):
 class ChannelRejected(ChannelError, ConnectionRefusedError):
     """The peer rejected our channel offer."""
 
-    def __init__(self, fmt: str, channel: object, name: str) -> None:
-        super().__init__(f"{fmt}: offer of channel {channel} (name {name!r}) was rejected by the peer")
+    def __init__(self, fmt: str, channel: str, name: str) -> None:
+        super().__init__(f"{fmt}: the offer of {channel} was rejected by the peer")
         self.format = fmt
         self.channel = channel
         self.name = name
@@ -79,8 +79,8 @@ class ChannelReset(ChannelError, ConnectionResetError):
     (MultiplexingStream v2/v3, multiplex); otherwise ``None``.
     """
 
-    def __init__(self, fmt: str, channel: object, message: str | None = None) -> None:
-        text = f"{fmt}: channel {channel} was reset by the peer"
+    def __init__(self, fmt: str, channel: str, message: str | None = None) -> None:
+        text = f"{fmt}: {channel} was reset by the peer"
         if message:
             text += f": {message}"
         super().__init__(text)

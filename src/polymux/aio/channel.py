@@ -71,6 +71,8 @@ class ChannelTransport(asyncio.Transport):
         self._mux = mux
         self._handle = handle
         self._name = name
+        # Captured now: the engine forgets a channel before its end reaches us.
+        self._label_text = mux.engine.describe(handle)
         self._protocol: asyncio.BaseProtocol | None = None
         self._stream_mode = False  # protocol reads through a ChannelStreamReader
         self._buf: deque[BytesLike] = deque()
@@ -90,12 +92,11 @@ class ChannelTransport(asyncio.Transport):
         self._reading_paused = False
         self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
         self._close_timer: asyncio.TimerHandle | None = None
+        self._remote_ended = False
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
-        return (
-            f"<ChannelTransport {self._mux.engine.describe(self._handle)} {state} buffered={self._buffered}>"
-        )
+        return f"<ChannelTransport {self._label_text} {state} buffered={self._buffered}>"
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -127,7 +128,7 @@ class ChannelTransport(asyncio.Transport):
         if name == "channel_name":
             return self._name
         if name == "channel":
-            return self._mux.engine.describe(self._handle)
+            return self._label_text
         if name == "session":
             return self._mux.session
         if name == "protocol_name":
@@ -288,6 +289,7 @@ class ChannelTransport(asyncio.Transport):
 
     def _remote_end(self) -> None:
         """The peer finished writing."""
+        self._remote_ended = True
         protocol = self._protocol
         if protocol is None or self._done or self._read_closed:
             return
@@ -332,7 +334,7 @@ class ChannelTransport(asyncio.Transport):
         self._finish(None)
 
     def _label(self) -> str:
-        return self._mux.engine.describe(self._handle)
+        return self._label_text
 
     def _eof_was_sent(self, closed: bool) -> None:
         """The scheduler sent our end-of-writing; ``closed``: the channel is complete."""
@@ -364,16 +366,23 @@ class ChannelTransport(asyncio.Transport):
         self._finish(ChannelReset(self._mux.engine.format, self._label(), message))
 
     def _fail(self, exc: Exception) -> None:
-        """The session ended under this channel."""
-        self._finish(exc)
+        """The session ended under this channel. If the peer had already finished
+        writing, what it sent stays readable (then EOF); only writing fails."""
+        if self._remote_ended:
+            self._write_error = self._write_error or exc
+            self._finish(None)
+        else:
+            self._finish(exc)
 
     def _finish(self, exc: Exception | None) -> None:
         """Final state: nothing more will be sent or received."""
         if self._close_timer is not None:
             self._close_timer.cancel()
             self._close_timer = None
-        if exc is not None and self._write_error is None:
-            self._write_error = exc
+        if self._write_error is None:
+            self._write_error = exc or ChannelClosedError(
+                f"{self._mux.engine.format}: {self._label()} is closed"
+            )
         self._buf.clear()
         self._buffered = 0
         self._mux._channel_done(self)

@@ -9,6 +9,7 @@ from typing import Any
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
+from polymux.engine import check_protocol
 from polymux.exceptions import SessionClosed
 
 
@@ -24,6 +25,7 @@ def _factory(
     handler: ChannelHandler | None,
     offer_filter: OfferFilter | None,
 ) -> tuple[SessionConfig, Any]:
+    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
 
     def make() -> MuxProtocol:
@@ -106,6 +108,7 @@ async def over(
     """Run a session over an existing ``(reader, writer)`` pair, e.g. a subprocess's
     stdout and stdin (``asyncio.create_subprocess_exec``) or a connection opened by other
     code. ``is_client`` picks the id side for formats where it matters."""
+    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
     mux = MuxProtocol(protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
     transport = _StreamPairTransport(reader, writer, mux)

@@ -9,6 +9,7 @@ from typing import Any, Self
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
+from polymux.engine import check_protocol
 
 
 __all__ = ["Server", "start_server", "start_unix_server"]
@@ -98,6 +99,7 @@ def _server(
     offer_filter: OfferFilter | None,
     options: dict[str, Any],
 ) -> Server:
+    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
 
     def make() -> MuxProtocol:

@@ -106,6 +106,12 @@ class MuxProtocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         # The peer closed its side of the connection: the session is over.
         self._closing = True
+        try:
+            self.engine.receive_eof()
+        except ProtocolError as exc:
+            logger.warning("%s", exc)
+            if self._error is None:
+                self._error = exc
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,9 +195,8 @@ class MuxProtocol(asyncio.Protocol):
             fut = self._offers.pop(event.channel, None)
             channel = self._channels.get(event.channel)
             if fut is not None and not fut.done():
-                exc = ChannelReset(
-                    self.engine.format, channel.name if channel else event.channel, event.message
-                )
+                label = channel._label() if channel else f"#{event.channel}"
+                exc = ChannelReset(self.engine.format, label, event.message)
                 fut.set_exception(exc)
             if channel is not None:
                 channel._peer_reset(event.message)
@@ -199,10 +204,11 @@ class MuxProtocol(asyncio.Protocol):
             fut = self._offers.pop(event.channel, None)
             channel = self._channels.get(event.channel)
             name = channel.name if channel is not None else ""
+            label = channel._label() if channel is not None else f"#{event.channel}"
             if channel is not None:
                 channel._finish(None)
             if fut is not None and not fut.done():
-                fut.set_exception(ChannelRejected(self.engine.format, event.channel, name))
+                fut.set_exception(ChannelRejected(self.engine.format, label, name))
         elif isinstance(event, ev.ReadingStopped):
             channel = self._channels.get(event.channel)
             if channel is not None:

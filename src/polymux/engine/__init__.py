@@ -7,7 +7,14 @@ from polymux.engine.base import Engine
 from polymux.wire import PROTOCOLS
 
 
-__all__ = ["Engine", "make_engine"]
+__all__ = ["Engine", "check_protocol", "make_engine"]
+
+
+def check_protocol(protocol: str) -> str:
+    """Return ``protocol`` if polymux speaks it; raise ``ValueError`` naming the choices."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; polymux speaks: {', '.join(PROTOCOLS)}")
+    return protocol
 
 
 def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client: bool = True) -> Engine:
@@ -16,8 +23,7 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
     ``is_client`` tells which end of the connection this is, for formats whose id
     allocation depends on it.
     """
-    if protocol.startswith("mstream-v") and protocol in PROTOCOLS:
-        from polymux.engine.mstream import MStreamEngine
+    check_protocol(protocol)
+    from polymux.engine.mstream import MStreamEngine
 
-        return MStreamEngine(int(protocol[-1]), config)
-    raise ValueError(f"unknown protocol {protocol!r}; polymux speaks: {', '.join(PROTOCOLS)}")
+    return MStreamEngine(int(protocol[-1]), config)

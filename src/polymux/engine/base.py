@@ -134,6 +134,11 @@ class Engine(ABC):
     def ack_consumed(self, channel: int, n: int) -> None:
         """The application consumed ``n`` bytes of ``channel``: return credit as due."""
 
+    def receive_eof(self) -> None:
+        """The peer closed its side of the connection. Raises
+        :class:`~polymux.exceptions.ProtocolError` if that cut a frame in half."""
+        self.closed = True
+
     def close(self) -> None:
         """End the session on the wire, where the format has a way to say so."""
         self.closed = True

@@ -131,6 +131,16 @@ class MStreamEngine(Engine):
             raise
         return events
 
+    def receive_eof(self) -> None:
+        """The peer closed the connection: a frame cut in half is a protocol error."""
+        pending = self._decoder.pending
+        self.closed = True
+        if pending:
+            what = "handshake" if not self.ready else "frame"
+            raise ProtocolError(
+                self.format, f"connection ended inside a {what} ({pending} bytes of it received)"
+            )
+
     def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
         if hs.version[0] != self.version:
             raise self._error(

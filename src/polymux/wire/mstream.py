@@ -397,6 +397,11 @@ class Decoder:
             self._check_partial()
         return out
 
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame (or handshake) held back."""
+        return len(self._partial)
+
     def _check_partial(self) -> None:
         # A header is never longer than this; anything else is parsed or rejected by now.
         if self._need_handshake and len(self._partial) > 64:
