@@ -17,9 +17,12 @@ class SessionConfig:
     and pass ``config=``.
     """
 
-    receive_window: int = 256 * 1024
+    receive_window: int = 1024 * 1024
     """Bytes the peer may send on one channel before we return credit (formats with
-    flow control). Bounds the memory one channel can use on the receiving side."""
+    flow control). Bounds the memory one channel can use on the receiving side. The
+    default is close to the current Nerdbank.Streams default (1,024,000): a window must
+    cover bandwidth x round trip, and with ``ack_min`` batching a smaller one stalls bulk
+    transfers on each acknowledgement."""
 
     ack_min: int = 20 * 1024
     """Smallest batch of consumed bytes for which credit is returned (the threshold is
@@ -32,7 +35,7 @@ class SessionConfig:
     """Incoming channels accepted but not yet taken by ``accept_channel``; offers
     beyond it are rejected."""
 
-    write_buffer_high: int = 64 * 1024
+    write_buffer_high: int = 256 * 1024
     """Per channel: unsent bytes above which ``drain()`` blocks."""
 
     write_buffer_low: int | None = None

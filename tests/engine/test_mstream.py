@@ -40,7 +40,7 @@ RANDOM_ODD = bytes([0xF0]) + bytes(range(15))
 RANDOM_EVEN = bytes([0x0F]) + bytes(range(15))
 
 DEFAULT_WINDOW = SessionConfig().receive_window
-assert DEFAULT_WINDOW == 0x40000  # the hex below spells it out
+assert DEFAULT_WINDOW == 0x100000  # the hex below spells it out
 
 ALL_VERSIONS = [1, 2, 3]
 FLOW_VERSIONS = [2, 3]
@@ -85,7 +85,9 @@ def out(engine: MStreamEngine) -> bytes:
 def norm(events: list[Event]) -> list[Event]:
     """Copy DataReceived payloads to ``bytes`` (decoded ones are memoryviews)."""
     return [
-        DataReceived(e.channel, bytes(e.data), e.flow_controlled_length) if isinstance(e, DataReceived) else e
+        DataReceived(e.channel, bytes(e.data) + b"".join(e.more), e.flow_controlled_length)
+        if isinstance(e, DataReceived)
+        else e
         for e in events
     ]
 
@@ -152,7 +154,7 @@ def assert_protocol_error(
 # -- exact bytes out ---------------------------------------------------------------------
 
 
-OFFER_X_PAYLOAD_V23 = "92 a1 78 ce 00 04 00 00"  # msgpack ["x", 262144]
+OFFER_X_PAYLOAD_V23 = "92 a1 78 ce 00 10 00 00"  # msgpack ["x", 1048576]
 
 
 @pytest.mark.parametrize(
@@ -228,8 +230,8 @@ def test_offer_advertises_configured_receive_window() -> None:
     ("version", "expected"),
     [
         (1, "01 00000001 0000"),
-        (2, "93 01 01 c4 06 91 ce 00 04 00 00"),
-        (3, "94 01 01 ff c4 06 91 ce 00 04 00 00"),
+        (2, "93 01 01 c4 06 91 ce 00 10 00 00"),
+        (3, "94 01 01 ff c4 06 91 ce 00 10 00 00"),
     ],
 )
 def test_offer_accepted_bytes(version: int, expected: str) -> None:
@@ -722,19 +724,34 @@ def test_v1_has_no_flow_control() -> None:
     for _ in range(10):
         a.send_data(ha, bytes(1000))  # far past receive_window: v1 does not care
     events = pump(a, b)
-    assert len(events) == 10 and not b.closed
+    # Consecutive frames of one channel arrive as one event.
+    assert events == [DataReceived(hb, bytes(10_000), 10_000)] and not b.closed
     b.ack_consumed(hb, 10_000)
     assert out(b) == b""
     assert a.send_credit(ha) == flow.UNLIMITED
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
-def test_send_data_larger_than_a_frame_is_a_local_error(version: int) -> None:
+def test_send_data_larger_than_a_frame_is_split_into_frames(version: int) -> None:
     a, b = pair(version, receive_window=1 << 20)
+    ha, hb = open_channel(a, b)
+    data = bytes(range(256)) * 200  # 51,200 bytes: two full frames and a 10,240-byte one
+    a.send_data(ha, data)
+    out = [bytes(c) for c in a.data_to_send()]
+    frames = wire.Decoder(version, handshake=False).feed(b"".join(out))
+    assert [len(f.payload) for f in frames] == [wire.MAX_PAYLOAD, wire.MAX_PAYLOAD, 10_240]
+    assert all(f.code == wire.ControlCode.CONTENT for f in frames)
+    events = norm(b.receive_data(b"".join(out)))
+    assert b"".join(bytes(e.data) for e in events if isinstance(e, DataReceived)) == data
+    assert {e.channel for e in events if isinstance(e, DataReceived)} == {hb}
+
+
+@pytest.mark.parametrize("version", FLOW_VERSIONS)
+def test_send_data_beyond_the_credit_is_a_local_error(version: int) -> None:
+    a, b = pair(version, receive_window=64 * 1024)
     ha, _hb = open_channel(a, b)
-    a.send_data(ha, bytes(wire.MAX_PAYLOAD))
-    with pytest.raises(ValueError, match="frame maximum"):
-        a.send_data(ha, bytes(wire.MAX_PAYLOAD + 1))
+    with pytest.raises(ValueError, match="available credit"):
+        a.send_data(ha, bytes(64 * 1024 + 1))
 
 
 # -- window growth, unknown codes, reading completed -------------------------------------
@@ -1099,10 +1116,12 @@ def test_error_data_after_closed(version: int) -> None:
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
-def test_error_data_after_local_close(version: int) -> None:
+def test_error_data_after_eof(version: int) -> None:
     a, b = pair(version)
     _ha, hb = open_channel(a, b)
-    a.close()
+    a.close()  # a goodbye (none in this format): received data is still processed
+    assert not a.closed
+    a.receive_eof()
     assert a.closed
     b.end_channel(hb)
     assert_protocol_error(a, out(b), "after the session ended")
@@ -1237,8 +1256,9 @@ class World:
             if isinstance(event, ChannelAccepted):
                 peer.usable.add(name)
             elif isinstance(event, DataReceived):
-                assert event.flow_controlled_length == len(event.data) > 0
-                peer.received[name] += event.data
+                data = bytes(event.data) + b"".join(event.more)
+                assert event.flow_controlled_length == len(data) > 0
+                peer.received[name] += data
                 peer.unacked[name] += event.flow_controlled_length
             elif isinstance(event, ChannelEnded):
                 assert name not in peer.gone

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelStreamReader", "ChannelTransport"]
 
+_COALESCE = 64 * 1024
+"""Writes smaller than this are joined into one chunk when sent; larger ones go as views."""
+
 
 class ChannelStreamReader(asyncio.StreamReader):
     """A stdlib ``StreamReader`` that tells its channel how much the application consumed.
@@ -44,12 +47,46 @@ class ChannelStreamReader(asyncio.StreamReader):
 
     _transport: ChannelTransport | None
     _buffer: bytearray
+    _deferred: Exception | None = None
+
+    def set_exception(self, exc: Exception) -> None:
+        """Fail the reader, after the bytes already received have been read.
+
+        The stdlib reader raises at once and drops its buffer; but data the peer sent
+        before the channel failed did arrive, so it is delivered first (unless a read is
+        already waiting for more than there is: it gets the error now)."""
+        if self._buffer and self._waiter is None:  # type: ignore[attr-defined]
+            self._deferred = exc
+            self._wakeup_waiter()  # type: ignore[attr-defined]
+            return
+        super().set_exception(exc)
+
+    def exception(self) -> Exception | None:
+        return self._deferred or super().exception()
+
+    def _raise_deferred(self) -> None:
+        exc, self._deferred = self._deferred, None
+        if exc is not None:
+            super().set_exception(exc)
 
     def _maybe_resume_transport(self) -> None:
         super()._maybe_resume_transport()  # type: ignore[misc]
         transport = self._transport
         if transport is not None:
             transport._reader_consumed(len(self._buffer))
+        if self._deferred is not None and not self._buffer:
+            self._raise_deferred()
+
+    def _feed_parts(self, first: BytesLike, more: tuple[BytesLike, ...]) -> None:
+        """``feed_data`` for several parts with one wakeup (consecutive frames)."""
+        if not more:
+            self.feed_data(first)
+            return
+        buffer = self._buffer
+        buffer.extend(first)
+        for part in more:
+            buffer.extend(part)
+        self._wakeup_waiter()  # type: ignore[attr-defined]
 
     async def _wait_for_data(self, func_name: str) -> None:
         # A reader that waits while bytes sit in its buffer needs more than is there
@@ -57,6 +94,9 @@ class ChannelStreamReader(asyncio.StreamReader):
         # rest, or n > window would deadlock. The stdlib resumes a paused socket here
         # for the same reason. Memory stays bounded by what the application asked for
         # (n, or the reader's limit) plus one window.
+        if self._deferred is not None:
+            self._raise_deferred()
+            raise self._exception  # type: ignore[attr-defined]
         transport = self._transport
         if transport is not None:
             transport._reader_waiting()
@@ -74,7 +114,7 @@ class ChannelTransport(asyncio.Transport):
         # Captured now: the engine forgets a channel before its end reaches us.
         self._label_text = mux.engine.describe(handle)
         self._protocol: asyncio.BaseProtocol | None = None
-        self._stream_mode = False  # protocol reads through a ChannelStreamReader
+        self._reader: ChannelStreamReader | None = None  # stream mode when set
         self._buf: deque[BytesLike] = deque()
         self._buffered = 0
         self._high = mux.config.write_buffer_high
@@ -107,9 +147,11 @@ class ChannelTransport(asyncio.Transport):
         assert self._protocol is not None
         return self._protocol
 
-    def _attach(self, protocol: asyncio.BaseProtocol, *, stream_mode: bool) -> None:
+    def _attach(self, protocol: asyncio.BaseProtocol, reader: ChannelStreamReader | None = None) -> None:
+        """Connect ``protocol``; with ``reader`` (its ChannelStreamReader) data goes
+        straight into the reader and credit follows what the application consumes."""
         self._protocol = protocol
-        self._stream_mode = stream_mode
+        self._reader = reader
         protocol.connection_made(self)
 
     @property
@@ -147,8 +189,12 @@ class ChannelTransport(asyncio.Transport):
             )
         if not data:
             return
-        # Copy: the caller may reuse a bytearray (the stdlib transports copy too).
-        self._buf.append(bytes(data))
+        # Keep immutable bytes by reference; copy what the caller could still change.
+        if data.__class__ is not bytes and not (
+            isinstance(data, memoryview) and data.readonly and isinstance(data.obj, bytes)
+        ):
+            data = bytes(data)
+        self._buf.append(data)
         self._buffered += len(data)
         self._mux._want_send(self)
         if not self._protocol_paused and self._buffered > self._high:
@@ -205,17 +251,19 @@ class ChannelTransport(asyncio.Transport):
         return self._eof_requested and not self._eof_sent
 
     def _take(self, n: int) -> BytesLike:
-        """Remove and return up to ``n`` buffered bytes (one frame's worth)."""
+        """Remove and return up to ``n`` buffered bytes: a view of the oldest write, or
+        small writes joined (so tiny writes do not become tiny frames)."""
         buf = self._buf
         head = buf[0]
         if len(head) > n:
             view = memoryview(head)
             buf[0] = view[n:]
             chunk: BytesLike = view[:n]
-        elif len(head) == n or len(buf) == 1:
+        elif len(head) == n or len(buf) == 1 or len(head) >= _COALESCE:
             chunk = buf.popleft()
         else:
-            # Coalesce small writes into one frame.
+            # Coalesce small writes (one copy of at most _COALESCE bytes).
+            n = min(n, _COALESCE)
             parts: list[BytesLike] = []
             size = 0
             while buf and size < n:
@@ -242,33 +290,46 @@ class ChannelTransport(asyncio.Transport):
 
     def pause_reading(self) -> None:
         """Stop reading. With flow control on the wire this withholds credit from the peer
-        (so it stops sending this channel only); without it, the whole connection pauses."""
-        if self._reading_paused or self._done:
+        (so it stops sending this channel only); without it, the whole connection pauses.
+
+        A channel read through its ``StreamReader`` ignores this: credit already follows
+        what the application consumes (and, without flow control, the channel pauses the
+        connection itself once ``receive_window`` bytes are unread)."""
+        if self._reader is not None:
             return
-        self._reading_paused = True
-        self._mux._channel_reading_paused(self, True)
+        self._set_reading_paused(True)
 
     def resume_reading(self) -> None:
-        if not self._reading_paused:
+        if self._reader is not None:
             return
-        self._reading_paused = False
-        self._mux._channel_reading_paused(self, False)
+        self._set_reading_paused(False)
         if self._held_credit:
             held, self._held_credit = self._held_credit, 0
             self._mux._ack(self._handle, held)
 
-    def _feed(self, data: BytesLike) -> None:
-        """Data arrived from the peer."""
-        n = len(data)
+    def _set_reading_paused(self, paused: bool) -> None:
+        if paused == self._reading_paused or (paused and self._done):
+            return
+        self._reading_paused = paused
+        self._mux._channel_reading_paused(self, paused)
+
+    def _feed(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
+        """``n`` bytes arrived from the peer: ``data`` followed by ``more``."""
         protocol = self._protocol
         if self._read_closed or protocol is None or self._done:
             self._mux._ack(self._handle, n)  # discard, but keep the peer's credit flowing
             return
-        if self._stream_mode:
+        reader = self._reader
+        if reader is not None:
             self._unconsumed += n
-            protocol.data_received(data)  # type: ignore[attr-defined]
+            reader._feed_parts(data, more)
+            mux = self._mux
+            if not mux.engine.has_flow_control and self._unconsumed > mux.config.receive_window:
+                self._set_reading_paused(True)
             return
         protocol.data_received(bytes(data))  # type: ignore[attr-defined]
+        for part in more:
+            protocol.data_received(bytes(part))  # type: ignore[attr-defined]
         if self._reading_paused:
             self._held_credit += n
         else:
@@ -281,11 +342,14 @@ class ChannelTransport(asyncio.Transport):
         if consumed > 0:
             self._unconsumed = still_buffered
             self._mux._ack(self._handle, consumed)
+            if self._reading_paused and still_buffered <= self._mux.config.receive_window // 2:
+                self._set_reading_paused(False)
 
     def _reader_waiting(self) -> None:
         if self._unconsumed:
             n, self._unconsumed = self._unconsumed, 0
             self._mux._ack(self._handle, n)
+        self._set_reading_paused(False)
 
     def _remote_end(self) -> None:
         """The peer finished writing."""
@@ -393,9 +457,7 @@ class ChannelTransport(asyncio.Transport):
             return
         self._done = True
         self._closing = True
-        if self._reading_paused:
-            self._reading_paused = False
-            self._mux._channel_reading_paused(self, False)
+        self._set_reading_paused(False)
         protocol = self._protocol
         if protocol is not None:
             protocol.connection_lost(exc)

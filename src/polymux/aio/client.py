@@ -207,6 +207,13 @@ class _StreamPairTransport(asyncio.Transport):
             self._drainer = None
         self._mux.resume_writing()
 
+    def can_write_eof(self) -> bool:
+        return self._writer.can_write_eof()
+
+    def write_eof(self) -> None:
+        if not self._closing:
+            self._writer.write_eof()
+
     def pause_reading(self) -> None:
         self._reading.clear()
 

@@ -117,7 +117,7 @@ class MuxProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._closing = True
-        self.engine.close()
+        self.engine.closed = True
         if self._error is not None:
             cause: BaseException | None = self._error
             error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
@@ -166,7 +166,7 @@ class MuxProtocol(asyncio.Protocol):
         if isinstance(event, ev.DataReceived):
             channel = self._channels.get(event.channel)
             if channel is not None:
-                channel._feed(event.data)
+                channel._feed(event.data, event.more, event.flow_controlled_length)
             else:
                 self._ack(event.channel, event.flow_controlled_length)
         elif isinstance(event, ev.CreditAvailable):
@@ -236,10 +236,10 @@ class MuxProtocol(asyncio.Protocol):
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         if self._handler is not None:
             protocol = asyncio.StreamReaderProtocol(reader, self._run_handler, loop=self.loop)
-            channel._attach(protocol, stream_mode=True)
+            channel._attach(protocol, reader)
             return
         protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
-        channel._attach(protocol, stream_mode=True)
+        channel._attach(protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
         self._incoming.append((name, (reader, writer)))
         self._serve_accept_waiters()
@@ -311,7 +311,7 @@ class MuxProtocol(asyncio.Protocol):
             transport.resume_reading()
 
     async def open_channel(
-        self, name: str, protocol: asyncio.BaseProtocol, *, stream_mode: bool
+        self, name: str, protocol: asyncio.BaseProtocol, reader: ChannelStreamReader | None = None
     ) -> ChannelTransport:
         """Offer a channel and wait until the peer accepts it."""
         await self.ready
@@ -323,7 +323,7 @@ class MuxProtocol(asyncio.Protocol):
         handle = self.engine.open_channel(name)
         channel = self._new_channel(handle, name)
         # Attach before the acceptance: data may follow it in the same read.
-        channel._attach(protocol, stream_mode=stream_mode)
+        channel._attach(protocol, reader)
         fut: asyncio.Future[None] = self.loop.create_future()
         self._offers[handle] = fut
         self._schedule_flush()
@@ -383,19 +383,24 @@ class MuxProtocol(asyncio.Protocol):
             while ready and size < batch_limit:
                 channel = ready.popleft()
                 channel._queued = False
-                size += self._send_turn(channel, max_frame)
+                # Round-robin one frame per turn while others wait; a channel alone may
+                # fill the batch (fewer turns, same order on the wire).
+                quantum = max_frame if ready else batch_limit - size
+                size += self._send_turn(channel, quantum)
                 if channel._wants_send():
                     channel._queued = True
                     ready.append(channel)
             out += engine.data_to_send()
             if not out:
                 break
-            transport.write(b"".join(out))
+            # One call per batch; uvloop sends the parts with one writev, no join.
+            transport.writelines(out)
         if not self._write_paused:
             self._wake()
 
-    def _send_turn(self, channel: ChannelTransport, max_frame: int) -> int:
-        """One channel's turn: at most one frame, or its end-of-writing."""
+    def _send_turn(self, channel: ChannelTransport, quantum: int) -> int:
+        """One channel's turn: at most ``quantum`` bytes (within its credit), or its
+        end-of-writing."""
         if not channel._accepted:
             return 0
         engine = self.engine
@@ -404,7 +409,7 @@ class MuxProtocol(asyncio.Protocol):
             credit = engine.send_credit(handle)
             if credit <= 0:
                 return 0
-            chunk = channel._take(min(max_frame, credit, channel._buffered))
+            chunk = channel._take(min(quantum, credit, channel._buffered))
             engine.send_data(handle, chunk)
             return len(chunk)
         if channel._eof_requested and not channel._eof_sent and engine.is_live(handle):
@@ -448,6 +453,7 @@ class MuxProtocol(asyncio.Protocol):
         if self.closed.done():
             return
         self._closing = True
+        deadline = self.loop.time() + self.config.close_timeout
         if self._transport is not None:
             try:
                 await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
@@ -455,8 +461,21 @@ class MuxProtocol(asyncio.Protocol):
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
             self.engine.close()
             self._flush()
-            if self._transport is not None:
-                self._transport.close()
+            transport = self._transport
+            if transport is not None:
+                # Half-close and let the peer close its side: closing at once while the
+                # peer still sends (credit updates) makes the kernel reset the connection,
+                # which can destroy data the peer has not read yet.
+                if transport.can_write_eof():
+                    transport.write_eof()
+                else:
+                    transport.close()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.closed), max(0.0, deadline - self.loop.time()))
+                except TimeoutError:
+                    logger.info("%s: the peer did not close within close_timeout", self.engine.format)
+                    if self._transport is not None:
+                        self._transport.abort()
         await asyncio.shield(self.closed)
 
     async def _drain_channels(self) -> None:
@@ -531,7 +550,7 @@ class Session:
         mux = self._mux
         reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=mux.loop)
-        channel = await mux.open_channel(name, protocol, stream_mode=True)
+        channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
         return reader, writer
 
@@ -540,7 +559,7 @@ class Session:
     ) -> tuple[ChannelTransport, asyncio.BaseProtocol]:
         """Open a channel driven by any ``asyncio.Protocol`` (like ``loop.create_connection``)."""
         protocol = protocol_factory()
-        channel = await self._mux.open_channel(name, protocol, stream_mode=False)
+        channel = await self._mux.open_channel(name, protocol)
         return channel, protocol
 
     async def accept_channel(self, name: str | None = None) -> StreamPair:

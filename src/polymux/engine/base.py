@@ -117,8 +117,9 @@ class Engine(ABC):
 
     @abstractmethod
     def send_data(self, channel: int, data: BytesLike) -> None:
-        """Queue one data frame. ``len(data)`` must not exceed ``max_frame`` nor
-        :meth:`send_credit`; the I/O layer keeps what does not fit."""
+        """Queue ``data`` as data frames of at most ``max_frame`` bytes. ``len(data)`` must
+        not exceed :meth:`send_credit`; the I/O layer keeps what does not fit. The engine
+        keeps views of ``data``: do not mutate it before the bytes are written."""
 
     @abstractmethod
     def end_channel(self, channel: int) -> bool:
@@ -140,5 +141,7 @@ class Engine(ABC):
         self.closed = True
 
     def close(self) -> None:
-        """End the session on the wire, where the format has a way to say so."""
-        self.closed = True
+        """Say goodbye on the wire, where the format has a way to (MultiplexingStream has
+        none). Received data is still processed afterwards: a graceful close waits for
+        the peer to finish."""
+        return  # nothing to send by default

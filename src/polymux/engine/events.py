@@ -64,7 +64,7 @@ class ChannelRejected(Event):
 
 @dataclass(frozen=True, slots=True)
 class DataReceived(Event):
-    """Channel data arrived.
+    """Channel data arrived: ``data`` followed by the parts in ``more``.
 
     ``data`` may be a view into the bytes given to ``receive_data``: copy it if it must
     outlive the call. Credit for it goes back only through ``ack_consumed``.
@@ -72,8 +72,12 @@ class DataReceived(Event):
 
     channel: int
     data: BytesLike
+    """The data, or its first part when ``more`` is not empty."""
     flow_controlled_length: int
-    """Units charged to the receive window for this data."""
+    """Units charged to the receive window for this data (all parts)."""
+    more: tuple[BytesLike, ...] = ()
+    """Further parts, in order: consecutive frames of one channel in one read arrive as
+    one event, so the I/O layer wakes the reader once."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,8 @@ class MStreamEngine(Engine):
         self._decoder = wire.Decoder(version)
         self._ack_threshold = default_ack_threshold(self.config.receive_window, self.config.ack_min)
         # Wire-id bookkeeping: (local_origin, wire id) -> handle.
-        self._by_wire: dict[tuple[bool, int], int] = {}
+        self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
+        self._full_headers: dict[int, bytes] = {}
         self._next_local_id = 0  # 0: not ready yet (v1/v2 wait for the handshake)
         self._id_step = 1
         self._max_remote_id = 0
@@ -120,12 +121,52 @@ class MStreamEngine(Engine):
         if self.closed:
             raise self._error("received data after the session ended")
         events: list[Event] = []
+        by_wire = self._by_wire
+        v3 = self.version == 3
+        odd = 1 if self._odd else 0
+        # Consecutive Content frames of one channel become one DataReceived (a "run").
+        run: ChannelRecord | None = None
+        chunks: list[BytesLike] = []
+        run_len = 0
         try:
             for item in self._decoder.feed(data):
+                # Fast path: Content for a live channel that may receive.
+                if item.__class__ is wire.Frame and item.code == C.CONTENT and self._next_local_id:
+                    cid = item.channel_id
+                    if v3:
+                        local = item.source == -1
+                        record = by_wire.get((local, cid)) if item.source else None  # type: ignore[arg-type]
+                    else:
+                        record = by_wire.get((cid & 1 == odd, cid)) if cid else None
+                    if (
+                        record is not None
+                        and (record.accepted or not record.local_origin)
+                        and not record.remote_end
+                    ):
+                        payload = item.payload
+                        n = len(payload)
+                        if record.recv is not None and not record.recv.received(n):
+                            raise self._overrun(record, n)
+                        if not n:
+                            continue
+                        if record is not run:
+                            if run is not None:
+                                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                            run, chunks, run_len = record, [payload], n
+                        else:
+                            chunks.append(payload)
+                            run_len += n
+                        continue
+                if run is not None:
+                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                    run = None
                 if isinstance(item, wire.Handshake):
                     self._on_handshake(item, events)
+                    odd = 1 if self._odd else 0
                 else:
                     self._on_frame(item, events)
+            if run is not None:
+                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
         except ProtocolError:
             self.closed = True
             raise
@@ -183,15 +224,15 @@ class MStreamEngine(Engine):
         if code == C.OFFER:
             self._on_offer(key, frame, events)
             return
-        handle = self._by_wire.get(key)
-        if handle is None:
+        record = self._by_wire.get(key)
+        if record is None:
             if self._was_allocated(key):
                 return  # the channel is gone: a race with its termination
             origin = "our" if key[0] else "the peer's"
             raise self._error(
                 f"{_CODE_NAMES[code]} frame for channel {key[1]}, which {origin} side never opened"
             )
-        record = self._channels[handle]
+        handle = record.handle
         if code == C.CONTENT:
             self._on_content(record, frame.payload, events)
         elif code == C.CONTENT_PROCESSED:
@@ -257,7 +298,7 @@ class MStreamEngine(Engine):
             recv=self._new_receive_window(),
         )
         self._channels[handle] = record
-        self._by_wire[key] = handle
+        self._by_wire[key] = record
         events.append(ChannelOpened(handle, name))
 
     def _on_content(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
@@ -267,14 +308,18 @@ class MStreamEngine(Engine):
             raise self._error(f"Content for {record.describe()} after its ContentWritingCompleted")
         n = len(payload)
         if record.recv is not None and not record.recv.received(n):
-            self.closed = True
-            raise FlowControlError(
-                self.format,
-                f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} "
-                f"bytes > window {record.recv.window}",
-            )
+            raise self._overrun(record, n)
         if n:
             events.append(DataReceived(record.handle, payload, n))
+
+    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
+        assert record.recv is not None
+        self.closed = True
+        return FlowControlError(
+            self.format,
+            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} "
+            f"bytes > window {record.recv.window}",
+        )
 
     def _on_content_processed(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
         if self.version == 1:
@@ -307,7 +352,7 @@ class MStreamEngine(Engine):
             recv=self._new_receive_window(),
         )
         self._channels[handle] = record
-        self._by_wire[(True, cid)] = handle
+        self._by_wire[(True, cid)] = record
         window = self.config.receive_window if self.version >= 2 else None
         self._send(C.OFFER, record, wire.encode_offer(self.version, name, window))
         return handle
@@ -337,18 +382,34 @@ class MStreamEngine(Engine):
         return record.send.available
 
     def send_data(self, channel: int, data: BytesLike) -> None:
-        """Queue one Content frame (at most :attr:`max_frame` bytes, within the credit)."""
+        """Queue Content frames for ``data`` (within the credit), split at
+        :attr:`max_frame` bytes. Payloads are views of ``data``, not copies."""
         record = self._record(channel)
         n = len(data)
-        if n > self.max_frame:
-            raise ValueError(f"{self.format}: {n} bytes exceed the {self.max_frame}-byte frame maximum")
         if not record.accepted or record.local_end or record.remote_stopped_reading:
             raise RuntimeError(
                 f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
             )
         record.send.consume(n)
-        if n:
-            self._send(C.CONTENT, record, data)
+        if n <= self.max_frame:
+            if n:
+                self._send(C.CONTENT, record, data)
+            return
+        # Bulk: every full frame of this channel has the same header; build it once.
+        full = self._full_headers.get(record.handle)
+        if full is None:
+            full = self._header(C.CONTENT, record, self.max_frame)
+            self._full_headers[record.handle] = full
+        view = memoryview(data)
+        out = self._out
+        step = self.max_frame
+        last = n - n % step
+        for off in range(0, last, step):
+            out.append(full)
+            out.append(view[off : off + step])
+        if last < n:
+            out.append(self._header(C.CONTENT, record, n - last))
+            out.append(view[last:])
 
     def end_channel(self, channel: int) -> bool:
         """Send ContentWritingCompleted; terminate the channel if the peer ended too."""
@@ -394,12 +455,15 @@ class MStreamEngine(Engine):
             return None
         return ReceiveWindow(self.config.receive_window, self._ack_threshold)
 
-    def _send(self, code: int, record: ChannelRecord, payload: BytesLike) -> None:
+    def _header(self, code: int, record: ChannelRecord, length: int) -> bytes:
         source = None
         if self.version == 3:
             source = wire.ChannelSource.LOCAL if record.local_origin else wire.ChannelSource.REMOTE
+        return wire.encode_header(self.version, code, record.wire_id, length, source)
+
+    def _send(self, code: int, record: ChannelRecord, payload: BytesLike) -> None:
         out = self._out
-        out.append(wire.encode_header(self.version, code, record.wire_id, len(payload), source))
+        out.append(self._header(code, record, len(payload)))
         if payload:
             out.append(payload)
 
@@ -408,5 +472,6 @@ class MStreamEngine(Engine):
         self._forget(record)
 
     def _forget(self, record: ChannelRecord) -> None:
+        self._full_headers.pop(record.handle, None)
         self._channels.pop(record.handle, None)
         self._by_wire.pop((record.local_origin, record.wire_id), None)
