@@ -1,9 +1,11 @@
 """Bulk-transfer throughput of polymux's MultiplexingStream sessions against raw TCP.
 
-Everything runs in one process and one thread: the sender and the receiver share the
-event loop, for the raw baseline exactly as for polymux, so the ratio compares the cost
-of the two software stacks on the same CPU. For each event loop (the default asyncio
-loop and uvloop) the script measures, in the same loop run:
+By default the receiving side runs in a child process (``--receiver process``), as client
+and server do in real use, so sender and receiver each have a core; ``--receiver inline``
+runs both in one process and one thread, sharing the event loop, which charges both
+stacks' costs to one CPU. Either way the raw baseline is measured exactly like polymux.
+For each event loop (the default asyncio loop and uvloop) the script measures, in the
+same loop run:
 
 * raw TCP over 127.0.0.1: one connection moving SIZE bytes, and 16 connections in
   parallel moving SIZE/16 each;
@@ -28,6 +30,7 @@ import contextlib
 import cProfile
 import gc
 import io
+import multiprocessing
 import os
 import platform
 import pstats
@@ -36,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 import polymux
 
@@ -189,6 +193,88 @@ async def polymux_transfer(protocol: str, payload: memoryview, streams: int, tim
             server.close()
 
 
+# -- receiver in a child process -------------------------------------------------------------
+
+
+async def _raw_counter(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Raw receiver in the child: an 8-byte expected size, then bytes until EOF."""
+    try:
+        expected = int.from_bytes(await reader.readexactly(8), "big")
+        n = await _count(reader, None)
+        writer.write(b"\x01" if n == expected else b"\x00")
+        await writer.drain()
+    finally:
+        await _close_writer(writer)
+
+
+def _child(loop_name: str, protocols: list[str], conn: Connection) -> None:
+    """Serve raw TCP and one polymux server per protocol until told to stop."""
+
+    async def main() -> None:
+        raw = await asyncio.start_server(_raw_counter, "127.0.0.1", 0)
+        servers = {
+            p: await polymux.start_server(_channel_handler, "127.0.0.1", 0, protocol=p) for p in protocols
+        }
+        ports = {RAW: raw.sockets[0].getsockname()[1], **{p: s.port for p, s in servers.items()}}
+        conn.send(ports)
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        raw.close()
+        for s in servers.values():
+            s.close()
+
+    with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
+        runner.run(main())
+
+
+async def raw_transfer_remote(port: int, payload: memoryview, streams: int, time_limit: float) -> float:
+    """Like :func:`raw_transfer`, to the child's raw receiver."""
+    part = len(payload) // streams
+    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        async with asyncio.timeout(SETUP_TIMEOUT):
+            pairs = [await asyncio.open_connection("127.0.0.1", port) for _ in range(streams)]
+        for _r, w in pairs:
+            w.write(part.to_bytes(8, "big"))
+        views = [payload[i * part : (i + 1) * part] for i in range(streams)]
+        async with asyncio.timeout(time_limit):
+            start = time.perf_counter()
+            await asyncio.gather(
+                *(_send(v, r, w, half_close=True) for v, (r, w) in zip(views, pairs, strict=True))
+            )
+            return time.perf_counter() - start
+    finally:
+        for _r, w in pairs:
+            await _close_writer(w)
+
+
+async def polymux_transfer_remote(
+    protocol: str, port: int, payload: memoryview, streams: int, time_limit: float
+) -> float:
+    """Like :func:`polymux_transfer`, to the child's polymux server."""
+    part = len(payload) // streams
+    session: polymux.Session | None = None
+    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        async with asyncio.timeout(SETUP_TIMEOUT):
+            session = await polymux.connect("127.0.0.1", port, protocol=protocol)
+            pairs = [await session.open_channel(f"bench/{part}") for _ in range(streams)]
+        views = [payload[i * part : (i + 1) * part] for i in range(streams)]
+        async with asyncio.timeout(time_limit):
+            start = time.perf_counter()
+            await asyncio.gather(
+                *(_send(v, r, w, half_close=True) for v, (r, w) in zip(views, pairs, strict=True))
+            )
+            return time.perf_counter() - start
+    finally:
+        for _r, w in pairs:
+            w.close()
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.aclose(), SETUP_TIMEOUT)
+            except (TimeoutError, polymux.PolymuxError, OSError):
+                session.abort()
+
+
 # -- driving ---------------------------------------------------------------------------------
 
 
@@ -217,10 +303,15 @@ def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     return asyncio.new_event_loop
 
 
-async def _measure(case: Case, payload: memoryview, time_limit: float) -> None:
+async def _measure(case: Case, payload: memoryview, time_limit: float, ports: dict[str, int] | None) -> None:
     gc.collect()
     try:
-        if case.transport == RAW:
+        if ports is not None and case.transport == RAW:
+            elapsed = await raw_transfer_remote(ports[RAW], payload, case.streams, time_limit)
+        elif ports is not None:
+            port = ports[case.transport]
+            elapsed = await polymux_transfer_remote(case.transport, port, payload, case.streams, time_limit)
+        elif case.transport == RAW:
             elapsed = await raw_transfer(payload, case.streams, time_limit)
         else:
             elapsed = await polymux_transfer(case.transport, payload, case.streams, time_limit)
@@ -237,6 +328,18 @@ def run_loop(
 ) -> list[Case]:
     """All cases on one event loop, in one ``asyncio.Runner``; runs are interleaved."""
     cases = [Case(loop_name, t, s) for t in (RAW, *protocols) for s in (1, PARALLEL)]
+    ports: dict[str, int] | None = None
+    child = None
+    parent_conn: Connection | None = None
+    if args.receiver == "process":
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        child = ctx.Process(target=_child, args=(loop_name, protocols, child_conn), daemon=True)
+        child.start()
+        if not parent_conn.poll(SETUP_TIMEOUT):
+            child.kill()
+            raise BenchError("the receiver process did not start")
+        ports = parent_conn.recv()
 
     async def main() -> None:
         for rep in range(args.repeat):
@@ -249,7 +352,7 @@ def run_loop(
                         file=sys.stderr,
                     )
                 n_before = len(case.times)
-                await _measure(case, payload, args.timeout)
+                await _measure(case, payload, args.timeout, ports)
                 if not args.quiet:
                     note = (
                         f" {len(payload) / MIB / case.times[-1]:.0f} MiB/s"
@@ -258,8 +361,15 @@ def run_loop(
                     )
                     print(note, file=sys.stderr, flush=True)
 
-    with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
-        runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
+            runner.run(main())
+    finally:
+        if child is not None and parent_conn is not None:
+            parent_conn.send("stop")
+            child.join(SETUP_TIMEOUT)
+            if child.is_alive():
+                child.kill()
     return cases
 
 
@@ -355,6 +465,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(first of --protocols, first of --loops)",
     )
     parser.add_argument("--profile-top", type=int, default=25, help="functions shown by --profile (25)")
+    parser.add_argument(
+        "--receiver",
+        choices=["process", "inline"],
+        default="process",
+        help="receiving side in a child process (default) or in the sender's loop",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no per-run progress on stderr")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.size_mib <= 0 or args.timeout <= 0:
@@ -385,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"size {size / MIB:g} MiB ({size} bytes) per measurement, {CHUNK // 1024} KiB writes, "
         f"parallel case {PARALLEL} x {size // PARALLEL / MIB:g} MiB; loops: {', '.join(args.loops)}; "
-        f"best of {args.repeat}; {os.cpu_count()} CPUs",
+        f"best of {args.repeat}; receiver {args.receiver}; {os.cpu_count()} CPUs",
         flush=True,
     )
     failed = False

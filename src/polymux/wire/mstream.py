@@ -394,8 +394,40 @@ class Decoder:
         end = len(data)
         header = self._header
         append = out.append
+        marker = self._content_marker
+        v3 = self.version == 3
+        v1 = self.version == 1
+        cid: int | None
+        source: int | None
         # The hot loop: one header parse and one slice per frame, payloads are views.
+        # Inlined here for the header every bulk frame of a real peer has (v2/v3: a full
+        # fixarray of fixints with a bin16 payload); anything else goes through _header.
+        unpack_v1 = _V1_HEADER.unpack_from
         while pos < end:
+            if v1:
+                if end - pos < 7:
+                    break
+                code, cid, length = unpack_v1(data, pos)
+                stop = pos + 7 + length
+                if length <= MAX_PAYLOAD and cid >= 0:
+                    if stop > end:
+                        break
+                    append(Frame(code, cid, mv[pos + 7 : stop]))
+                    pos = stop
+                    continue
+                # fall through: _header raises the precise error
+            elif end - pos >= 8 and data[pos] == marker:
+                code = data[pos + 1]
+                cid = data[pos + 2]
+                at = pos + 4 if v3 else pos + 3
+                if code < 0x80 and cid < 0x80 and data[at] == 0xC5:
+                    source = _FIXINT_SOURCE.get(data[pos + 3], _BAD) if v3 else None
+                    length = (data[at + 1] << 8) | data[at + 2]
+                    stop = at + 3 + length
+                    if source != _BAD and length <= MAX_PAYLOAD and stop <= end:
+                        append(Frame(code, cid, mv[at + 3 : stop], source))
+                        pos = stop
+                        continue
             try:
                 code, cid, source, header_len, payload_len = header(mv, pos, end)
             except _Incomplete:
