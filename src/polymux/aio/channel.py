@@ -98,8 +98,8 @@ class ChannelStreamReader(asyncio.StreamReader):
             self._raise_deferred()
             raise self._exception  # type: ignore[attr-defined]
         transport = self._transport
-        if transport is not None:
-            transport._reader_waiting()
+        if transport is not None and transport._reader_waiting():
+            return  # it fed us: the caller re-checks its buffer
         await super()._wait_for_data(func_name)  # type: ignore[misc]
 
 
@@ -128,7 +128,14 @@ class ChannelTransport(asyncio.Transport):
         self._closing = False
         self._read_closed = False
         self._done = False  # connection_lost delivered
-        self._unconsumed = 0  # fed to the reader, not yet consumed
+        self._unconsumed = 0  # received for the reader (buffer + backlog), not yet consumed
+        # Received data the reader does not hold yet. A StreamReader's buffer is a
+        # bytearray: appending to it after reads from its front moves everything it
+        # holds, so it is kept small (its own pause size, 2 x limit, and at least one
+        # 256 KiB read) and the rest of the window waits here.
+        self._backlog: deque[bytes] = deque()
+        self._backlog_size = 0
+        self._feed_limit = max(2 * mux.config.stream_limit, 256 * 1024)
         self._reading_paused = False
         self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
         self._close_timer: asyncio.TimerHandle | None = None
@@ -322,7 +329,16 @@ class ChannelTransport(asyncio.Transport):
         reader = self._reader
         if reader is not None:
             self._unconsumed += n
-            reader._feed_parts(data, more)
+            if not self._backlog and (
+                len(reader._buffer) < self._feed_limit or reader._waiter is not None  # type: ignore[attr-defined]
+            ):
+                reader._feed_parts(data, more)
+            else:
+                # Copied: a view would pin the whole received chunk it points into.
+                backlog = self._backlog
+                backlog.append(bytes(data))
+                backlog.extend(bytes(part) for part in more)
+                self._backlog_size += n
             mux = self._mux
             if not mux.engine.has_flow_control and self._unconsumed > mux.config.receive_window:
                 self._set_reading_paused(True)
@@ -336,20 +352,40 @@ class ChannelTransport(asyncio.Transport):
             self._mux._ack(self._handle, n)
 
     def _reader_consumed(self, still_buffered: int) -> None:
-        # Uncredited bytes are always the newest, at the end of the reader's buffer; what
-        # is gone from the buffer beyond them was consumed.
-        consumed = self._unconsumed - still_buffered
+        # Uncredited bytes are always the newest (end of the reader's buffer, then the
+        # backlog); what is gone beyond them was consumed.
+        held = still_buffered + self._backlog_size
+        consumed = self._unconsumed - held
         if consumed > 0:
-            self._unconsumed = still_buffered
+            self._unconsumed = held
             self._mux._ack(self._handle, consumed)
-            if self._reading_paused and still_buffered <= self._mux.config.receive_window // 2:
+            if self._reading_paused and held <= self._mux.config.receive_window // 2:
                 self._set_reading_paused(False)
+        if self._backlog:
+            self._top_up(self._feed_limit)
 
-    def _reader_waiting(self) -> None:
+    def _top_up(self, limit: int | None) -> bool:
+        """Move backlog into the reader while its buffer is below ``limit`` (None: all)."""
+        reader = self._reader
+        backlog = self._backlog
+        if reader is None or not backlog:
+            return False
+        buffer = reader._buffer
+        while backlog and (limit is None or len(buffer) < limit):
+            part = backlog.popleft()
+            self._backlog_size -= len(part)
+            reader.feed_data(part)
+        return True
+
+    def _reader_waiting(self) -> bool:
+        """The reader needs more than it holds: give it the backlog and credit what it
+        holds. Returns True if it got data (it need not wait)."""
+        fed = self._top_up(None)
         if self._unconsumed:
             n, self._unconsumed = self._unconsumed, 0
             self._mux._ack(self._handle, n)
         self._set_reading_paused(False)
+        return fed
 
     def _remote_end(self) -> None:
         """The peer finished writing."""
@@ -357,6 +393,7 @@ class ChannelTransport(asyncio.Transport):
         protocol = self._protocol
         if protocol is None or self._done or self._read_closed:
             return
+        self._top_up(None)  # all data before the EOF
         keep_open = protocol.eof_received()  # type: ignore[attr-defined]
         if not keep_open:
             self.close()
@@ -377,6 +414,8 @@ class ChannelTransport(asyncio.Transport):
             return
         self._closing = True
         self._read_closed = True
+        self._backlog.clear()
+        self._backlog_size = 0
         if self._unconsumed:
             self._mux._ack(self._handle, self._unconsumed)
             self._unconsumed = 0
@@ -458,6 +497,8 @@ class ChannelTransport(asyncio.Transport):
         self._done = True
         self._closing = True
         self._set_reading_paused(False)
+        if not self._read_closed:
+            self._top_up(None)  # what arrived is readable before the end (or the error)
         protocol = self._protocol
         if protocol is not None:
             protocol.connection_lost(exc)

@@ -292,8 +292,10 @@ class MuxProtocol(asyncio.Protocol):
     def _ack(self, handle: int, n: int) -> None:
         if self.engine.closed:
             return
-        self.engine.ack_consumed(handle, n)
-        self._schedule_flush()
+        engine = self.engine
+        engine.ack_consumed(handle, n)
+        if engine.has_output:  # most reads return credit below the batching threshold
+            self._schedule_flush()
 
     def _channel_reading_paused(self, channel: ChannelTransport, paused: bool) -> None:
         # With credit on the wire, pausing a channel withholds its credit (done by the

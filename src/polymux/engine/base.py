@@ -51,6 +51,11 @@ class Engine(ABC):
         out, self._out = self._out, []
         return out
 
+    @property
+    def has_output(self) -> bool:
+        """Whether :meth:`data_to_send` has anything."""
+        return bool(self._out)
+
     def _new_handle(self) -> int:
         handle = self._next_handle
         self._next_handle += 1
