@@ -78,6 +78,22 @@ async def _send(
         raise BenchError(f"receiver did not confirm the byte count (reply {reply!r})")
 
 
+async def _timed_send(
+    views: list[memoryview],
+    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    time_limit: float,
+    *,
+    half_close: bool,
+) -> float:
+    """Send each view on its stream in parallel; return the seconds until the last reply."""
+    async with asyncio.timeout(time_limit):
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(_send(v, r, w, half_close=half_close) for v, (r, w) in zip(views, pairs, strict=True))
+        )
+        return time.perf_counter() - start
+
+
 async def _count(reader: asyncio.StreamReader, expected: int | None) -> int:
     """Read CHUNK at a time; stop at ``expected`` bytes, or at EOF when it is None."""
     n = 0
@@ -125,12 +141,7 @@ async def raw_transfer(payload: memoryview, streams: int, time_limit: float) -> 
             pairs = [await asyncio.open_connection("127.0.0.1", port) for _ in range(streams)]
         writers = [w for _r, w in pairs]
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
-        async with asyncio.timeout(time_limit):
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(_send(v, r, w, half_close=False) for v, (r, w) in zip(views, pairs, strict=True))
-            )
-            elapsed = time.perf_counter() - start
+        elapsed = await _timed_send(views, pairs, time_limit, half_close=False)
         if counts != [part] * streams:
             raise BenchError(f"raw server counted {counts}, expected {part} per connection")
         return elapsed
@@ -172,13 +183,7 @@ async def polymux_transfer(protocol: str, payload: memoryview, streams: int, tim
             session = await polymux.connect("127.0.0.1", server.port, protocol=protocol)
             pairs = [await session.open_channel(f"bench/{part}") for _ in range(streams)]
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
-        async with asyncio.timeout(time_limit):
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(_send(v, r, w, half_close=True) for v, (r, w) in zip(views, pairs, strict=True))
-            )
-            elapsed = time.perf_counter() - start
-        return elapsed
+        return await _timed_send(views, pairs, time_limit, half_close=True)
     finally:
         for _r, w in pairs:
             w.close()
@@ -236,12 +241,7 @@ async def raw_transfer_remote(port: int, payload: memoryview, streams: int, time
         for _r, w in pairs:
             w.write(part.to_bytes(8, "big"))
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
-        async with asyncio.timeout(time_limit):
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(_send(v, r, w, half_close=True) for v, (r, w) in zip(views, pairs, strict=True))
-            )
-            return time.perf_counter() - start
+        return await _timed_send(views, pairs, time_limit, half_close=True)
     finally:
         for _r, w in pairs:
             await _close_writer(w)
@@ -259,12 +259,7 @@ async def polymux_transfer_remote(
             session = await polymux.connect("127.0.0.1", port, protocol=protocol)
             pairs = [await session.open_channel(f"bench/{part}") for _ in range(streams)]
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
-        async with asyncio.timeout(time_limit):
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(_send(v, r, w, half_close=True) for v, (r, w) in zip(views, pairs, strict=True))
-            )
-            return time.perf_counter() - start
+        return await _timed_send(views, pairs, time_limit, half_close=True)
     finally:
         for _r, w in pairs:
             w.close()
