@@ -51,6 +51,38 @@ class SessionConfig:
     """Seconds to wait for the peer's handshake (formats that have one)."""
 
     close_timeout: float = 10.0
+
+    # -- formats without flow control on the wire (mplex / multiplex) ---------------------
+
+    max_message_size: int = 1024 * 1024
+    """Largest frame body accepted (a larger one is a protocol error); writes are sent in
+    frames of at most ``min(max_message_size, send_frame)`` bytes (1 MiB in the references)."""
+
+    send_frame: int = 64 * 1024
+    """Largest frame polymux sends for formats without a fixed frame size: small enough
+    that the round-robin scheduler interleaves channels finely."""
+
+    slow_reader: str = "block"
+    """What to do when a channel has ``receive_window`` unread bytes and the format gives
+    the peer no credit to withhold: ``"block"`` stops reading the connection until the
+    reader catches up (nothing is lost, other channels wait too); ``"reset"`` does the
+    same for at most ``slow_reader_timeout`` seconds, then resets that channel (its
+    reader gets :class:`~polymux.exceptions.ChannelOverflow`) and reads on."""
+
+    slow_reader_timeout: float = 5.0
+    """``slow_reader="reset"``: seconds a full channel may hold up the connection before it
+    is reset (go-mplex: 5 s); 0 resets it as soon as it is full (js-libp2p-mplex resets a
+    stream past a 4 MiB buffer: set ``receive_window`` to 4 MiB for that behaviour)."""
+
+    max_inbound_channels: int = 1024
+    """Channels the peer may have open at once; its further opens are reset."""
+
+    max_outbound_channels: int = 1024
+    """Channels we may have open at once; opening more raises LimitExceeded."""
+
+    inbound_channel_rate: float = 1000.0
+    """New channels per second the peer may open (burst of as many); a peer above the
+    rate is a protocol violation (js-libp2p-mplex disconnects such a peer)."""
     """Seconds ``Session.aclose()`` lets open channels finish before it cuts them."""
 
     def __post_init__(self) -> None:
@@ -70,6 +102,22 @@ class SessionConfig:
         low = self.write_buffer_low
         if low is not None and not 0 <= low <= self.write_buffer_high:
             raise ValueError(f"SessionConfig.write_buffer_low must be in 0..write_buffer_high, got {low!r}")
+        for name in ("max_message_size", "send_frame", "max_inbound_channels", "max_outbound_channels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.slow_reader not in ("block", "reset"):
+            raise ValueError(
+                f"SessionConfig.slow_reader must be 'block' or 'reset', got {self.slow_reader!r}"
+            )
+        if self.slow_reader_timeout < 0:
+            raise ValueError(
+                f"SessionConfig.slow_reader_timeout must be >= 0, got {self.slow_reader_timeout!r}"
+            )
+        if self.inbound_channel_rate <= 0:
+            raise ValueError(
+                f"SessionConfig.inbound_channel_rate must be positive, got {self.inbound_channel_rate!r}"
+            )
         for name in ("handshake_timeout", "close_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SessionConfig.{name} must be positive, got {getattr(self, name)!r}")

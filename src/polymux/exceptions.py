@@ -9,6 +9,8 @@ Every error polymux raises derives from :class:`PolymuxError`::
     │   ├── ChannelRejected            our offer was rejected (also ConnectionRefusedError)
     │   ├── ChannelReset               the peer reset/terminated the channel (also
     │   │                              ConnectionResetError); ``.message`` carries its text
+    │   ├── ChannelOverflow            we reset it: its reader fell behind a peer that
+    │   │                              cannot be slowed down (also ConnectionResetError)
     │   └── ChannelClosedError         the channel is closed for this operation (also
     │                                  BrokenPipeError)
     ├── SessionClosed                  the session is closed or its connection was lost
@@ -24,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "ChannelClosedError",
     "ChannelError",
+    "ChannelOverflow",
     "ChannelRejected",
     "ChannelReset",
     "FlowControlError",
@@ -87,6 +90,11 @@ class ChannelReset(ChannelError, ConnectionResetError):
         self.format = fmt
         self.channel = channel
         self.message = message
+
+
+class ChannelOverflow(ChannelError, ConnectionResetError):
+    """We reset the channel because its reader fell behind a peer that the wire format
+    cannot slow down (the ``slow_reader="reset"`` policy)."""
 
 
 class ChannelClosedError(ChannelError, BrokenPipeError):

@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from polymux._types import BytesLike
-from polymux.exceptions import ChannelClosedError, ChannelReset
+from polymux.exceptions import ChannelClosedError, ChannelOverflow, ChannelReset
 
 
 if TYPE_CHECKING:
@@ -140,6 +140,8 @@ class ChannelTransport(asyncio.Transport):
         self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
         self._close_timer: asyncio.TimerHandle | None = None
         self._remote_ended = False
+        self._local_origin = True
+        self._overflow_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
@@ -318,7 +320,43 @@ class ChannelTransport(asyncio.Transport):
         if paused == self._reading_paused or (paused and self._done):
             return
         self._reading_paused = paused
+        if not paused and self._overflow_timer is not None:
+            self._overflow_timer.cancel()
+            self._overflow_timer = None
         self._mux._channel_reading_paused(self, paused)
+
+    def _reader_behind(self) -> None:
+        """The reader holds ``receive_window`` unread bytes and the format cannot slow the
+        peer down: apply ``SessionConfig.slow_reader``."""
+        config = self._mux.config
+        if config.slow_reader == "reset" and config.slow_reader_timeout == 0:
+            self._overflow()
+            return
+        if self._reading_paused:
+            return
+        self._set_reading_paused(True)  # blocks the whole connection
+        if config.slow_reader == "reset":
+            self._overflow_timer = self._mux.loop.call_later(config.slow_reader_timeout, self._overflow)
+
+    def _overflow(self) -> None:
+        """slow_reader="reset": drop this channel so the others can go on."""
+        self._overflow_timer = None
+        config = self._mux.config
+        unread = self._unconsumed
+        message = (
+            f"reader fell behind: {unread} bytes unread"
+            + (f" for {config.slow_reader_timeout:g} s" if config.slow_reader_timeout else "")
+            + f" (receive_window={config.receive_window}, slow_reader='reset')"
+        )
+        fmt = self._mux.engine.format
+        self._mux._reset_channel(self, message)
+        self._backlog.clear()
+        self._backlog_size = 0
+        reader = self._reader
+        if reader is not None:
+            reader._deferred = None
+            reader._buffer.clear()  # the data is gone: fail now, not after it
+        self._finish(ChannelOverflow(f"{fmt}: {self._label()} was reset: {message}"))
 
     def _feed(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
         """``n`` bytes arrived from the peer: ``data`` followed by ``more``."""
@@ -341,7 +379,7 @@ class ChannelTransport(asyncio.Transport):
                 self._backlog_size += n
             mux = self._mux
             if not mux.engine.has_flow_control and self._unconsumed > mux.config.receive_window:
-                self._set_reading_paused(True)
+                self._reader_behind()
             return
         protocol.data_received(bytes(data))  # type: ignore[attr-defined]
         for part in more:
@@ -482,6 +520,9 @@ class ChannelTransport(asyncio.Transport):
         if self._close_timer is not None:
             self._close_timer.cancel()
             self._close_timer = None
+        if self._overflow_timer is not None:
+            self._overflow_timer.cancel()
+            self._overflow_timer = None
         if self._write_error is None:
             self._write_error = exc or ChannelClosedError(
                 f"{self._mux.engine.format}: {self._label()} is closed"

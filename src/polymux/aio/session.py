@@ -74,6 +74,9 @@ class MuxProtocol(asyncio.Protocol):
         self._read_pausers = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closing = False
+        self._inbound = 0  # live channels the peer opened
+        self._open_tokens = self.config.inbound_channel_rate
+        self._open_stamp = self.loop.time()
         self._error: BaseException | None = None
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -221,9 +224,22 @@ class MuxProtocol(asyncio.Protocol):
 
     def _on_offer(self, handle: int, name: str) -> None:
         engine = self.engine
+        config = self.config
+        # Token bucket: a peer opening channels faster than the rate is abusive.
+        now = self.loop.time()
+        rate = config.inbound_channel_rate
+        self._open_tokens = min(rate, self._open_tokens + (now - self._open_stamp) * rate)
+        self._open_stamp = now
+        if self._open_tokens < 1:
+            self._abort(
+                ProtocolError(engine.format, f"the peer opens channels faster than {rate:g} per second")
+            )
+            return
+        self._open_tokens -= 1
         refuse = (
             self._closing
-            or len(self._channels) >= self.config.max_channels
+            or len(self._channels) >= config.max_channels
+            or self._inbound >= config.max_inbound_channels
             or (self._offer_filter is not None and not self._offer_filter(name))
             or (self._handler is None and self._backlog_full())
         )
@@ -231,7 +247,7 @@ class MuxProtocol(asyncio.Protocol):
             engine.reject_channel(handle)
             return
         engine.accept_channel(handle)
-        channel = self._new_channel(handle, name)
+        channel = self._new_channel(handle, name, local=False)
         channel._accepted = True
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         if self._handler is not None:
@@ -276,13 +292,17 @@ class MuxProtocol(asyncio.Protocol):
 
     # -- channels ----------------------------------------------------------------------------
 
-    def _new_channel(self, handle: int, name: str) -> ChannelTransport:
+    def _new_channel(self, handle: int, name: str, *, local: bool) -> ChannelTransport:
         channel = ChannelTransport(self, handle, name)
+        channel._local_origin = local
         self._channels[handle] = channel
+        if not local:
+            self._inbound += 1
         return channel
 
     def _channel_done(self, channel: ChannelTransport) -> None:
-        self._channels.pop(channel._handle, None)
+        if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
+            self._inbound -= 1
 
     def _reset_channel(self, channel: ChannelTransport, message: str | None) -> None:
         if self.engine.is_live(channel._handle) and not self.engine.closed:
@@ -318,14 +338,21 @@ class MuxProtocol(asyncio.Protocol):
         """Offer a channel and wait until the peer accepts it."""
         await self.ready
         self._check_open()
-        if len(self._channels) >= self.config.max_channels:
+        config = self.config
+        if len(self._channels) >= config.max_channels:
+            raise LimitExceeded(f"{self.engine.format}: max_channels={config.max_channels} channels are open")
+        if len(self._channels) - self._inbound >= config.max_outbound_channels:
             raise LimitExceeded(
-                f"{self.engine.format}: max_channels={self.config.max_channels} channels are open"
+                f"{self.engine.format}: max_outbound_channels={config.max_outbound_channels} channels are open"
             )
         handle = self.engine.open_channel(name)
-        channel = self._new_channel(handle, name)
+        channel = self._new_channel(handle, self.engine.channel_name(handle), local=True)
         # Attach before the acceptance: data may follow it in the same read.
         channel._attach(protocol, reader)
+        if not self.engine.needs_acceptance:  # open at once (mplex)
+            channel._accepted = True
+            self._schedule_flush()
+            return channel
         fut: asyncio.Future[None] = self.loop.create_future()
         self._offers[handle] = fut
         self._schedule_flush()

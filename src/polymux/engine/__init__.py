@@ -24,6 +24,10 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
     allocation depends on it.
     """
     check_protocol(protocol)
+    if protocol in ("mplex", "multiplex"):
+        from polymux.engine.mplex import MplexEngine
+
+        return MplexEngine(protocol, config)
     from polymux.engine.mstream import MStreamEngine
 
     return MStreamEngine(int(protocol[-1]), config)

@@ -36,6 +36,9 @@ class Engine(ABC):
     has_flow_control: bool
     """True when the peer returns credit on the wire (the reader need not pause the
     connection to bound memory)."""
+    needs_acceptance: bool = True
+    """True when an opened channel waits for the peer's acceptance before it is usable;
+    False when it is open at once (mplex)."""
 
     def __init__(self) -> None:
         self._out: list[BytesLike] = []

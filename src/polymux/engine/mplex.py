@@ -1,0 +1,290 @@
+"""Sans-I/O engine for mplex (libp2p) and multiplex (maxogden): one wire, two dialects.
+
+Rules (libp2p/specs ``mplex/README.md``, maxogden/multiplex ``index.js``, PROTOCOL-NOTES A2):
+
+* A stream is named by its id and by whose it is: frames from a stream's opener carry the
+  *initiator* flags (2, 4, 6), frames from the other side the *receiver* flags (1, 3, 5),
+  and NewStream (0) always comes from the opener. Each side counts its own ids from 0; we
+  never reuse ours, and accept the peer reusing one of its ids once that stream is gone.
+* There is no acceptance: a stream is open as soon as NewStream is sent. Rejecting an
+  incoming stream resets it.
+* Close is a half-close per direction; both closed = the stream is gone. Reset ends both
+  directions at once; ``multiplex`` puts the error text in the reset body (UTF-8), libp2p
+  ``mplex`` sends an empty body. A received non-empty body is surfaced either way.
+* No flow control on the wire: the I/O layer bounds what it buffers (see
+  ``SessionConfig.slow_reader``).
+* Frames for a stream that does not exist (never opened, or already reset or closed) are
+  ignored, as go-mplex and py-libp2p do: a reset always races with data in flight. A
+  NewStream for an id in use, data after the peer's close, and malformed frames are
+  protocol errors.
+"""
+
+from __future__ import annotations
+
+from polymux._types import BytesLike
+from polymux.config import SessionConfig
+from polymux.engine.base import Engine
+from polymux.engine.channel import ChannelRecord
+from polymux.engine.events import (
+    ChannelClosed,
+    ChannelEnded,
+    ChannelOpened,
+    ChannelReset,
+    DataReceived,
+    Event,
+)
+from polymux.engine.flow import SendCredit
+from polymux.exceptions import ProtocolError
+from polymux.wire import mplex as wire
+from polymux.wire.mplex import Flag
+
+
+__all__ = ["MplexEngine"]
+
+# Flags by who sends them: (message, close, reset).
+_AS_INITIATOR = (Flag.MESSAGE_INITIATOR, Flag.CLOSE_INITIATOR, Flag.RESET_INITIATOR)
+_AS_RECEIVER = (Flag.MESSAGE_RECEIVER, Flag.CLOSE_RECEIVER, Flag.RESET_RECEIVER)
+
+
+class MplexEngine(Engine):
+    """One side of an mplex / multiplex connection.
+
+    Args:
+        dialect: ``"mplex"`` (libp2p: empty reset bodies) or ``"multiplex"`` (maxogden:
+            reset bodies carry the error text).
+        config: ``max_message_size`` bounds received frames; sent frames are at most
+            ``min(max_message_size, send_frame)`` bytes.
+    """
+
+    has_flow_control = False
+    needs_acceptance = False
+
+    def __init__(self, dialect: str = "mplex", config: SessionConfig | None = None) -> None:
+        super().__init__()
+        if dialect not in ("mplex", "multiplex"):
+            raise ValueError(f"unknown mplex dialect {dialect!r}")
+        self.format = dialect
+        self.config = config or SessionConfig()
+        self.max_frame = min(self.config.max_message_size, self.config.send_frame)
+        self._decoder = wire.Decoder(self.config.max_message_size, dialect)
+        # (local origin, wire id) -> record
+        self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
+        self._next_id = 0
+        self._headers: dict[tuple[int, int], bytes] = {}  # (handle, length) of full frames
+
+    @property
+    def ready(self) -> bool:
+        """Always: mplex has no handshake."""
+        return True
+
+    @property
+    def inbound_count(self) -> int:
+        """Streams the peer opened that are still live."""
+        return sum(1 for r in self._channels.values() if not r.local_origin)
+
+    @property
+    def outbound_count(self) -> int:
+        """Streams we opened that are still live."""
+        return sum(1 for r in self._channels.values() if r.local_origin)
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
+        if self.closed:
+            raise self._error("received data after the session ended")
+        events: list[Event] = []
+        by_wire = self._by_wire
+        run: ChannelRecord | None = None
+        chunks: list[BytesLike] = []
+        run_len = 0
+        try:
+            for stream_id, flag, body in self._decoder.feed(data):
+                if flag == Flag.MESSAGE_INITIATOR or flag == Flag.MESSAGE_RECEIVER:
+                    # Receiver flags come from the far end of a stream we opened.
+                    record = by_wire.get((flag == Flag.MESSAGE_RECEIVER, stream_id))
+                    if record is None:
+                        continue  # unknown, or reset/closed: a benign race (documented ignore)
+                    if record.remote_end:
+                        raise self._error(f"data for {record.describe()} after the peer closed it")
+                    n = len(body)
+                    if not n:
+                        continue
+                    if record is not run:
+                        if run is not None:
+                            events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                        run, chunks, run_len = record, [body], n
+                    else:
+                        chunks.append(body)
+                        run_len += n
+                    continue
+                if run is not None:
+                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                    run = None
+                self._on_control(stream_id, flag, body, events)
+            if run is not None:
+                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+        except ProtocolError:
+            self.closed = True
+            raise
+        return events
+
+    def receive_eof(self) -> None:
+        """The peer closed the connection: a frame cut in half is a protocol error."""
+        pending = self._decoder.pending
+        self.closed = True
+        if pending:
+            raise ProtocolError(
+                self.format, f"connection ended inside a frame ({pending} bytes of it received)"
+            )
+
+    def _on_control(self, stream_id: int, flag: int, body: BytesLike, events: list[Event]) -> None:
+        if flag == Flag.NEW_STREAM:
+            key = (False, stream_id)
+            if key in self._by_wire:
+                raise self._error(f"NewStream for stream {stream_id}, which the peer already has open")
+            try:
+                name = bytes(body).decode()
+            except UnicodeDecodeError as exc:
+                raise self._error(f"NewStream name of stream {stream_id} is not UTF-8 ({exc})") from None
+            new = ChannelRecord(
+                handle=self._new_handle(),
+                wire_id=stream_id,
+                local_origin=False,
+                name=name or str(stream_id),  # multiplex: empty name = the id as a string
+                send=SendCredit(None),
+                recv=None,
+            )
+            self._channels[new.handle] = new
+            self._by_wire[key] = new
+            events.append(ChannelOpened(new.handle, new.name))
+            return
+        # Receiver flags (odd) concern streams we opened.
+        record = self._by_wire.get((flag % 2 == 1, stream_id))
+        if record is None:
+            return  # unknown, or already gone: ignored (a race with our reset or close)
+        if flag in (Flag.CLOSE_INITIATOR, Flag.CLOSE_RECEIVER):
+            if record.remote_end:
+                return  # a repeated close changes nothing
+            record.remote_end = True
+            events.append(ChannelEnded(record.handle))
+            if record.local_end:
+                self._forget(record)
+                events.append(ChannelClosed(record.handle))
+        else:  # reset
+            text = bytes(body).decode(errors="replace") if body else None
+            self._forget(record)
+            events.append(ChannelReset(record.handle, text))
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def open_channel(self, name: str = "") -> int:
+        """Open a stream (NewStream); it is usable at once."""
+        stream_id = self._next_id
+        self._next_id += 1
+        record = ChannelRecord(
+            handle=self._new_handle(),
+            wire_id=stream_id,
+            local_origin=True,
+            name=name or str(stream_id),
+            send=SendCredit(None),
+            recv=None,
+            accepted=True,
+        )
+        self._channels[record.handle] = record
+        self._by_wire[(True, stream_id)] = record
+        body = name.encode()
+        self._out.append(wire.encode_header(stream_id, Flag.NEW_STREAM, len(body)))
+        if body:
+            self._out.append(body)
+        return record.handle
+
+    def accept_channel(self, channel: int) -> None:
+        """Take an incoming stream (nothing goes on the wire)."""
+        record = self._record(channel)
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        record.accepted = True
+
+    def reject_channel(self, channel: int) -> None:
+        """Refuse an incoming stream: reset it."""
+        record = self._record(channel)
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        self._reset(record, "stream refused" if self.format == "multiplex" else None)
+
+    def send_credit(self, channel: int) -> int:
+        """Unlimited while the stream is open for writing (no flow control on the wire)."""
+        record = self._channels.get(channel)
+        if record is None or not record.accepted or record.local_end:
+            return 0
+        return record.send.available
+
+    def send_data(self, channel: int, data: BytesLike) -> None:
+        """Queue ``data`` as message frames of at most :attr:`max_frame` bytes (views)."""
+        record = self._record(channel)
+        if not record.accepted or record.local_end:
+            raise RuntimeError(
+                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
+            )
+        n = len(data)
+        if not n:
+            return
+        flag = self._flags(record)[0]
+        out = self._out
+        step = self.max_frame
+        if n <= step:
+            out.append(wire.encode_header(record.wire_id, flag, n))
+            out.append(data)
+            return
+        full = self._headers.get((record.handle, step))
+        if full is None:
+            full = self._headers[(record.handle, step)] = wire.encode_header(record.wire_id, flag, step)
+        view = memoryview(data)
+        last = n - n % step
+        for off in range(0, last, step):
+            out.append(full)
+            out.append(view[off : off + step])
+        if last < n:
+            out.append(wire.encode_header(record.wire_id, flag, n - last))
+            out.append(view[last:])
+
+    def end_channel(self, channel: int) -> bool:
+        """Half-close (Close flag); the stream is gone once the peer closed too."""
+        record = self._record(channel)
+        if record.local_end:
+            return False
+        record.local_end = True
+        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[1], 0))
+        if record.remote_end:
+            self._forget(record)
+            return True
+        return False
+
+    def reset_channel(self, channel: int, message: str | None = None) -> None:
+        """Reset the stream (both directions); multiplex carries ``message``."""
+        record = self._channels.get(channel)
+        if record is not None:
+            self._reset(record, message if self.format == "multiplex" else None)
+
+    def ack_consumed(self, channel: int, n: int) -> None:
+        """Nothing to do: mplex has no credit on the wire."""
+        return
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _flags(record: ChannelRecord) -> tuple[Flag, Flag, Flag]:
+        return _AS_INITIATOR if record.local_origin else _AS_RECEIVER
+
+    def _reset(self, record: ChannelRecord, message: str | None) -> None:
+        body = message.encode() if message else b""
+        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[2], len(body)))
+        if body:
+            self._out.append(body)
+        self._forget(record)
+
+    def _forget(self, record: ChannelRecord) -> None:
+        self._channels.pop(record.handle, None)
+        self._by_wire.pop((record.local_origin, record.wire_id), None)
+        self._headers.pop((record.handle, self.max_frame), None)
