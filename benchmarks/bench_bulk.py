@@ -1,4 +1,4 @@
-"""Bulk-transfer throughput of polymux's MultiplexingStream sessions against raw TCP.
+"""Bulk-transfer throughput of polymux sessions (every wire format) against raw TCP.
 
 By default the receiving side runs in a child process (``--receiver process``), as client
 and server do in real use, so sender and receiver each have a core; ``--receiver inline``
@@ -18,7 +18,7 @@ from the first write until the receiver's 1-byte reply arrives (for 16 streams, 
 the last reply). Connection, session and channel setup are not timed. Each figure is the
 best of ``--repeat`` runs; runs of the different cases are interleaved.
 
-Run ``.venv/bin/python benchmarks/bench_mstream.py --help`` for the options;
+Run ``.venv/bin/python benchmarks/bench_bulk.py --help`` for the options;
 benchmarks/README.md explains the output.
 """
 
@@ -46,6 +46,8 @@ import polymux
 
 MIB = 1 << 20
 CHUNK = 256 * 1024
+_settings = {"write_size": CHUNK}
+"""Bytes per ``write()`` on the sending side (``--write-kib``)."""
 """Bytes per ``write()`` on the sending side and per ``read()`` on the receiving side."""
 PARALLEL = 16
 """Connections (raw) or channels (polymux) of the parallel case."""
@@ -66,10 +68,11 @@ class BenchError(Exception):
 async def _send(
     payload: memoryview, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, half_close: bool
 ) -> None:
-    """Write ``payload`` in CHUNK slices with ``drain()`` after each, then wait for the
+    """Write ``payload`` in ``write_size`` slices with ``drain()`` after each, then wait for the
     receiver's 1-byte reply."""
-    for off in range(0, len(payload), CHUNK):
-        writer.write(payload[off : off + CHUNK])
+    step = _settings["write_size"]
+    for off in range(0, len(payload), step):
+        writer.write(payload[off : off + step])
         await writer.drain()
     if half_close:
         writer.write_eof()
@@ -461,6 +464,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile-top", type=int, default=25, help="functions shown by --profile (25)")
     parser.add_argument(
+        "--write-kib", type=int, default=256, help="KiB per write() on the sending side (default 256)"
+    )
+    parser.add_argument(
         "--receiver",
         choices=["process", "inline"],
         default="process",
@@ -475,6 +481,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _settings["write_size"] = args.write_kib * 1024
     # A multiple of PARALLEL so that every stream of the parallel case moves the same amount.
     size = max(PARALLEL, int(args.size_mib * MIB) // PARALLEL * PARALLEL)
     # One preallocated buffer; senders write memoryview slices of it (no data generation).
@@ -485,16 +492,16 @@ def main(argv: list[str] | None = None) -> int:
 
         versions["uvloop"] = uvloop.__version__
     print(
-        "bench_mstream: "
+        "bench_bulk: "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
         + f" ({platform.python_implementation()}, {platform.machine()}, {platform.system()})"
     )
     if args.profile:
-        print(f"size {size / MIB:g} MiB, {CHUNK // 1024} KiB writes, {os.cpu_count()} CPUs", flush=True)
+        print(f"size {size / MIB:g} MiB, {args.write_kib} KiB writes, {os.cpu_count()} CPUs", flush=True)
         profile(args.loops[0], args.protocols[0], payload, args)
         return 0
     print(
-        f"size {size / MIB:g} MiB ({size} bytes) per measurement, {CHUNK // 1024} KiB writes, "
+        f"size {size / MIB:g} MiB ({size} bytes) per measurement, {args.write_kib} KiB writes, "
         f"parallel case {PARALLEL} x {size // PARALLEL / MIB:g} MiB; loops: {', '.join(args.loops)}; "
         f"best of {args.repeat}; receiver {args.receiver}; {os.cpu_count()} CPUs",
         flush=True,
