@@ -54,9 +54,11 @@ class SessionConfig:
 
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
-    max_message_size: int = 1024 * 1024
+    max_message_size: int | None = None
     """Largest frame body accepted (a larger one is a protocol error); writes are sent in
-    frames of at most ``min(max_message_size, send_frame)`` bytes (1 MiB in the references)."""
+    frames of at most ``min(max_message_size, send_frame)`` bytes. ``None``: the format's
+    default, 1 MiB for ``mplex`` (go-mplex, js-libp2p-mplex) and 16 MiB for ``multiplex``
+    (the npm package has no limit and sends each write as one frame, so a bound is ours)."""
 
     send_frame: int = 64 * 1024
     """Largest frame polymux sends for formats without a fixed frame size: small enough
@@ -102,7 +104,13 @@ class SessionConfig:
         low = self.write_buffer_low
         if low is not None and not 0 <= low <= self.write_buffer_high:
             raise ValueError(f"SessionConfig.write_buffer_low must be in 0..write_buffer_high, got {low!r}")
-        for name in ("max_message_size", "send_frame", "max_inbound_channels", "max_outbound_channels"):
+        if self.max_message_size is not None and (
+            not isinstance(self.max_message_size, int) or self.max_message_size <= 0
+        ):
+            raise ValueError(
+                f"SessionConfig.max_message_size must be a positive int, got {self.max_message_size!r}"
+            )
+        for name in ("send_frame", "max_inbound_channels", "max_outbound_channels"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")

@@ -39,7 +39,11 @@ from polymux.wire import mplex as wire
 from polymux.wire.mplex import Flag
 
 
-__all__ = ["MplexEngine"]
+__all__ = ["MULTIPLEX_MAX_MESSAGE_SIZE", "MplexEngine"]
+
+MULTIPLEX_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+"""Default frame limit of the ``multiplex`` dialect (its npm package sends a write of any
+size as one frame and sets no limit)."""
 
 # Flags by who sends them: (message, close, reset).
 _AS_INITIATOR = (Flag.MESSAGE_INITIATOR, Flag.CLOSE_INITIATOR, Flag.RESET_INITIATOR)
@@ -52,8 +56,8 @@ class MplexEngine(Engine):
     Args:
         dialect: ``"mplex"`` (libp2p: empty reset bodies) or ``"multiplex"`` (maxogden:
             reset bodies carry the error text).
-        config: ``max_message_size`` bounds received frames; sent frames are at most
-            ``min(max_message_size, send_frame)`` bytes.
+        config: ``max_message_size`` bounds received frames (default 1 MiB for mplex,
+            16 MiB for multiplex); sent frames are at most ``min(that, send_frame)`` bytes.
     """
 
     has_flow_control = False
@@ -65,8 +69,12 @@ class MplexEngine(Engine):
             raise ValueError(f"unknown mplex dialect {dialect!r}")
         self.format = dialect
         self.config = config or SessionConfig()
-        self.max_frame = min(self.config.max_message_size, self.config.send_frame)
-        self._decoder = wire.Decoder(self.config.max_message_size, dialect)
+        limit = self.config.max_message_size
+        if limit is None:
+            limit = wire.MAX_MESSAGE_SIZE if dialect == "mplex" else MULTIPLEX_MAX_MESSAGE_SIZE
+        self.max_message_size = limit
+        self.max_frame = min(limit, self.config.send_frame)
+        self._decoder = wire.Decoder(limit, dialect)
         # (local origin, wire id) -> record
         self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
         self._next_id = 0
