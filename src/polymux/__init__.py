@@ -23,6 +23,7 @@ from polymux.config import SessionConfig
 from polymux.exceptions import (
     ChannelClosedError,
     ChannelError,
+    ChannelOverflow,
     ChannelRejected,
     ChannelReset,
     FlowControlError,
@@ -40,6 +41,7 @@ __all__ = [
     "PROTOCOLS",
     "ChannelClosedError",
     "ChannelError",
+    "ChannelOverflow",
     "ChannelRejected",
     "ChannelReset",
     "ChannelTransport",

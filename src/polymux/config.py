@@ -51,6 +51,8 @@ class SessionConfig:
     """Seconds to wait for the peer's handshake (formats that have one)."""
 
     close_timeout: float = 10.0
+    """Seconds ``Session.aclose()`` gives queued data and the peer's goodbye before it
+    cuts the connection; also how long a closed channel waits for the peer's end."""
 
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
@@ -85,7 +87,6 @@ class SessionConfig:
     inbound_channel_rate: float = 1000.0
     """New channels per second the peer may open (burst of as many); a peer above the
     rate is a protocol violation (js-libp2p-mplex disconnects such a peer)."""
-    """Seconds ``Session.aclose()`` lets open channels finish before it cuts them."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -306,7 +306,10 @@ class ChannelTransport(asyncio.Transport):
         connection itself once ``receive_window`` bytes are unread)."""
         if self._reader is not None:
             return
-        self._set_reading_paused(True)
+        if not self._mux.engine.has_flow_control and self._mux.config.slow_reader == "reset":
+            self._reader_behind()  # the policy's timer applies to a paused protocol too
+        else:
+            self._set_reading_paused(True)
 
     def resume_reading(self) -> None:
         if self._reader is not None:

@@ -75,7 +75,7 @@ class MuxProtocol(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closing = False
         self._inbound = 0  # live channels the peer opened
-        self._open_tokens = self.config.inbound_channel_rate
+        self._open_tokens = max(1.0, self.config.inbound_channel_rate)
         self._open_stamp = self.loop.time()
         self._error: BaseException | None = None
         self.ready: asyncio.Future[None] = self.loop.create_future()
@@ -228,7 +228,7 @@ class MuxProtocol(asyncio.Protocol):
         # Token bucket: a peer opening channels faster than the rate is abusive.
         now = self.loop.time()
         rate = config.inbound_channel_rate
-        self._open_tokens = min(rate, self._open_tokens + (now - self._open_stamp) * rate)
+        self._open_tokens = min(max(1.0, rate), self._open_tokens + (now - self._open_stamp) * rate)
         self._open_stamp = now
         if self._open_tokens < 1:
             self._abort(
