@@ -445,11 +445,6 @@ def test_mutable_input_is_not_aliased() -> None:
 
 # -- bad input ---------------------------------------------------------------------------
 
-# src/polymux/wire/mplex.py Decoder.feed: the fast path (one-byte header, one-byte length,
-# at least 3 bytes at hand) never compares the length with max_message_size, so with
-# max_message_size=100 a frame announcing 101..127 bytes is decoded (or waited for).
-BUG_FAST_PATH_MAX = "src bug: Decoder.feed fast path skips the max_message_size check for lengths < 128"
-
 # (id, max_message_size, hex bytes, substrings the detail must contain)
 BAD_INPUT: list[tuple[str, int, str, list[str]]] = [
     ("header-10-continuation", MIB, "80" * 10, ["header varint", "9"]),
@@ -472,19 +467,14 @@ BAD_INPUT: list[tuple[str, int, str, list[str]]] = [
     ("flag7-7f", MIB, "7f 03 616263", ["flag 7", "stream id 15"]),
     ("flag7-two-byte-header", MIB, "ff 01 00", ["flag 7", "stream id 31"]),
     ("flag7-nine-byte-header", MIB, "ff ff ff ff ff ff ff ff 7f 00", ["flag 7", f"stream id {2**60 - 1}"]),
-]
-BAD_INPUT_XFAIL: list[tuple[str, int, str, list[str]]] = [
+    # One-byte header and one-byte length with the body (partly) at hand: the decoder's fast
+    # path must check the limit too.
     ("length-101-body-started", 100, "02 65 00", ["length 101", "100", "stream 0"]),
     ("length-101-whole", 100, "02 65" + "00" * 101, ["length 101", "100", "stream 0"]),
     ("length-127-whole", 100, "0a 7f" + "00" * 127, ["length 127", "100", "stream 1"]),
     ("length-2-max-1", 1, "02 02 61 62", ["length 2", "1", "stream 0"]),
 ]
-BAD_CASES = [pytest.param(*row[1:], id=row[0]) for row in BAD_INPUT] + [
-    pytest.param(*row[1:], id=row[0], marks=pytest.mark.xfail(strict=True, reason=BUG_FAST_PATH_MAX))
-    for row in BAD_INPUT_XFAIL
-]
-# Fed in pieces, every frame reaches the slow path, which checks the length: no xfail.
-ALL_BAD_CASES = [pytest.param(*row[1:], id=row[0]) for row in BAD_INPUT + BAD_INPUT_XFAIL]
+BAD_CASES = [pytest.param(*row[1:], id=row[0]) for row in BAD_INPUT]
 
 
 @pytest.mark.parametrize(("max_size", "data", "needles"), BAD_CASES)
@@ -499,7 +489,7 @@ def test_bad_input_raises_protocol_error(fmt: str, max_size: int, data: str, nee
         assert needle in err.detail, (needle, err.detail)
 
 
-@pytest.mark.parametrize(("max_size", "data", "needles"), ALL_BAD_CASES)
+@pytest.mark.parametrize(("max_size", "data", "needles"), BAD_CASES)
 def test_bad_input_fed_byte_by_byte(max_size: int, data: str, needles: list[str]) -> None:
     raw = h(data)
     dec = Decoder(max_size, "multiplex")
@@ -513,12 +503,12 @@ def test_bad_input_fed_byte_by_byte(max_size: int, data: str, needles: list[str]
 
 @pytest.mark.parametrize(("max_size", "data", "needles"), BAD_CASES)
 def test_bad_input_after_good_frames_in_one_feed(max_size: int, data: str, needles: list[str]) -> None:
-    good = encode_frame(Frame(1, 2, b"ok")) + encode_frame(Frame(1, 4))
+    good = encode_frame(Frame(1, 2, b"k")) + encode_frame(Frame(1, 4))  # (within max 1)
     with pytest.raises(ProtocolError, match=needles[0]):
         Decoder(max_size).feed(good + h(data))
 
 
-@pytest.mark.parametrize(("max_size", "data", "needles"), ALL_BAD_CASES)
+@pytest.mark.parametrize(("max_size", "data", "needles"), BAD_CASES)
 def test_bad_input_split_after_good_frames(max_size: int, data: str, needles: list[str]) -> None:
     raw = h(data)
     dec = Decoder(max_size)
@@ -533,7 +523,7 @@ def test_bad_input_split_after_good_frames(max_size: int, data: str, needles: li
     "header",
     [
         "02 65",  # 101 > 100
-        pytest.param("02 65 00", marks=pytest.mark.xfail(strict=True, reason=BUG_FAST_PATH_MAX)),
+        "02 65 00",  # 101, with one body byte (the decoder's fast path)
         "02 80 01 00",  # 128
         "02 80 80 40 00",  # 1 MiB
     ],

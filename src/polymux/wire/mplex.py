@@ -87,6 +87,7 @@ class Decoder:
         self.max_message_size = max_message_size
         self.format = fmt
         self._partial = bytearray()
+        self._waiting_for = 0  # size of the incomplete frame, once its header is known
 
     @property
     def pending(self) -> int:
@@ -101,7 +102,10 @@ class Decoder:
         pos = 0
         if self._partial:
             have = len(self._partial)
-            probe = bytes(self._partial) + data[: 2 * MAX_HEADER_VARINT]
+            if self._waiting_for and have + len(data) < self._waiting_for:
+                self._partial += data  # still short of the frame whose size we know
+                return out
+            probe = bytes(self._partial[: 2 * MAX_HEADER_VARINT]) + data[: 2 * MAX_HEADER_VARINT]
             try:
                 header_len, body_len, stream_id, flag = self._header(probe, 0, len(probe))
             except Incomplete:
@@ -110,7 +114,9 @@ class Decoder:
             total = header_len + body_len
             if have + len(data) < total:
                 self._partial += data
+                self._waiting_for = total
                 return out
+            self._waiting_for = 0
             whole = bytes(self._partial) + data[: total - have]
             self._partial.clear()
             out.append(Frame(stream_id, flag, memoryview(whole)[header_len:]))
@@ -119,13 +125,14 @@ class Decoder:
         end = len(data)
         header = self._header
         append = out.append
+        limit = self.max_message_size
         while pos < end:
             # Fast path: one-byte header and a length of one or two bytes (ids < 16,
             # bodies < 16 KiB) covers nearly every frame of a bulk transfer.
             h = data[pos]
             if h < 0x80 and end - pos >= 3 and (h & 7) != 7:
                 b1 = data[pos + 1]
-                if b1 < 0x80:
+                if b1 < 0x80 and b1 <= limit:
                     stop = pos + 2 + b1
                     if stop > end:
                         break
@@ -133,9 +140,9 @@ class Decoder:
                     pos = stop
                     continue
                 b2 = data[pos + 2]
-                if b2 < 0x80:
+                if b1 >= 0x80 and b2 < 0x80:
                     length = (b1 & 0x7F) | b2 << 7
-                    if length <= self.max_message_size:
+                    if length <= limit:
                         stop = pos + 3 + length
                         if stop > end:
                             break

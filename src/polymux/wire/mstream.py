@@ -361,6 +361,7 @@ class Decoder:
         self.format = format_name(version)
         self._need_handshake = handshake and version != 3
         self._partial = bytearray()
+        self._waiting_for = 0  # size of the incomplete frame, once its header is known
         # First byte of a frame with every element present (the fast path's shape).
         self._content_marker = 0x94 if version == 3 else 0x93
 
@@ -374,7 +375,10 @@ class Decoder:
             # The first item straddles feeds (or is the handshake): complete it by
             # copying just the bytes it needs, then parse the rest in place.
             have = len(self._partial)
-            probe = memoryview(bytes(self._partial) + data[:_MAX_HEADER])
+            if self._waiting_for and have + len(data) < self._waiting_for:
+                self._partial += data  # still short of the frame whose size we know
+                return out
+            probe = memoryview(bytes(self._partial[:_MAX_HEADER]) + data[:_MAX_HEADER])
             try:
                 total = self._frame_length(probe, 0, len(probe))
             except _Incomplete:
@@ -383,7 +387,9 @@ class Decoder:
                 return out
             if have + len(data) < total:
                 self._partial += data
+                self._waiting_for = total
                 return out
+            self._waiting_for = 0
             if total < have:  # cannot happen with a correct _MAX_HEADER; never slice backwards
                 raise ProtocolError(self.format, f"frame length {total} is shorter than its header")
             whole = memoryview(bytes(self._partial) + data[: total - have])
