@@ -241,10 +241,11 @@ class MplexEngine(Engine):
         flag = self._flags(record)[0]
         out = self._out
         step = self.max_frame
-        if n <= step:
+        if n < step:
             out.append(wire.encode_header(record.wire_id, flag, n))
             out.append(data)
             return
+        # Full frames of a stream all have the same header: build it once.
         full = self._headers.get((record.handle, step))
         if full is None:
             full = self._headers[(record.handle, step)] = wire.encode_header(record.wire_id, flag, step)

@@ -149,6 +149,16 @@ class Decoder:
                         append(Frame(h >> 3, h & 7, mv[pos + 3 : stop]))
                         pos = stop
                         continue
+                elif b1 >= 0x80 and end - pos >= 4 and data[pos + 3] < 0x80:
+                    # three-byte length: bodies of 16 KiB up to 2 MiB (64 KiB writes)
+                    length = (b1 & 0x7F) | (b2 & 0x7F) << 7 | data[pos + 3] << 14
+                    if length <= limit:
+                        stop = pos + 4 + length
+                        if stop > end:
+                            break
+                        append(Frame(h >> 3, h & 7, mv[pos + 4 : stop]))
+                        pos = stop
+                        continue
             try:
                 header_len, body_len, stream_id, flag = header(data, pos, end)
             except Incomplete:
