@@ -31,7 +31,7 @@ class SessionConfig:
     max_channels: int = 1024
     """Open channels per session (both directions); offers beyond it are rejected."""
 
-    accept_backlog: int = 128
+    accept_backlog: int = 256
     """Incoming channels accepted but not yet taken by ``accept_channel``; offers
     beyond it are rejected."""
 
@@ -53,6 +53,27 @@ class SessionConfig:
     close_timeout: float = 10.0
     """Seconds ``Session.aclose()`` gives queued data and the peer's goodbye before it
     cuts the connection; also how long a closed channel waits for the peer's end."""
+
+    # -- yamux -----------------------------------------------------------------------------
+
+    max_receive_window: int = 16 * 1024 * 1024
+    """yamux: the largest receive window auto-tuning may grow a stream's to (from the
+    protocol's 256 KiB; go-yamux's default maximum)."""
+
+    window_budget: int = 256 * 1024 * 1024
+    """yamux: window granted beyond the initial 256 KiB per stream, summed over the
+    session; growth stops there, so many streams cannot claim unbounded memory."""
+
+    keepalive_interval: float | None = 30.0
+    """Seconds between keepalive pings (formats with pings); None disables them."""
+
+    keepalive_timeout: float = 10.0
+    """Seconds a ping may go unanswered before the session fails (a dead peer must not
+    hang readers)."""
+
+    stream_open_timeout: float = 75.0
+    """Seconds an opened stream may wait for the peer's acknowledgement before it is
+    reset (yamux; hashicorp's default)."""
 
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
@@ -127,7 +148,15 @@ class SessionConfig:
             raise ValueError(
                 f"SessionConfig.inbound_channel_rate must be positive, got {self.inbound_channel_rate!r}"
             )
-        for name in ("handshake_timeout", "close_timeout"):
+        for name in ("max_receive_window", "window_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.keepalive_interval is not None and self.keepalive_interval <= 0:
+            raise ValueError(
+                f"SessionConfig.keepalive_interval must be positive or None, got {self.keepalive_interval!r}"
+            )
+        for name in ("handshake_timeout", "close_timeout", "keepalive_timeout", "stream_open_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SessionConfig.{name} must be positive, got {getattr(self, name)!r}")
 

@@ -24,6 +24,7 @@ from polymux.exceptions import (
     ChannelRejected,
     ChannelReset,
     LimitExceeded,
+    PolymuxError,
     ProtocolError,
     SessionClosed,
 )
@@ -78,6 +79,10 @@ class MuxProtocol(asyncio.Protocol):
         self._open_tokens = max(1.0, self.config.inbound_channel_rate)
         self._open_stamp = self.loop.time()
         self._error: BaseException | None = None
+        self._peer_goaway: str | None = None
+        self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
+        self._keepalive: asyncio.Task[None] | None = None
+        self._open_timers: dict[int, asyncio.TimerHandle] = {}
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.session = Session(self)
@@ -89,11 +94,62 @@ class MuxProtocol(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         if self.engine.ready:
             self.ready.set_result(None)
+        if self._supports_ping():
+            # One ping at once measures the RTT (window tuning); then keepalive pings.
+            self._send_ping()
+            if self.config.keepalive_interval is not None:
+                self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
         self._schedule_flush()
+
+    # -- pings and keepalive -----------------------------------------------------------------
+
+    def _supports_ping(self) -> bool:
+        return type(self.engine).ping is not Engine.ping
+
+    def _send_ping(self) -> asyncio.Future[float]:
+        engine = self.engine
+        engine.now = self.loop.time()
+        opaque = engine.ping()
+        fut: asyncio.Future[float] = self.loop.create_future()
+        self._pings[opaque] = (fut, engine.now)
+        self._schedule_flush()
+        return fut
+
+    async def ping(self) -> float:
+        """Ping the peer; return the round-trip time in seconds."""
+        self._check_open()
+        if not self._supports_ping():
+            raise PolymuxError(f"{self.engine.format} has no ping")
+        fut = self._send_ping()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
+        except TimeoutError:
+            raise SessionClosed(
+                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
+            ) from None
+
+    async def _keep_alive(self, interval: float) -> None:
+        try:
+            while self._transport is not None:
+                await asyncio.sleep(interval)
+                fut = self._send_ping()
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
+                except TimeoutError:
+                    err = SessionClosed(
+                        f"{self.engine.format}: keepalive failed: no answer to a ping within "
+                        f"{self.config.keepalive_timeout:g} s"
+                    )
+                    logger.warning("%s", err)
+                    self._abort(err)
+                    return
+        except (asyncio.CancelledError, SessionClosed):
+            return
 
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return
+        self.engine.now = self.loop.time()
         try:
             events = self.engine.receive_data(data)
         except ProtocolError as exc:
@@ -121,6 +177,11 @@ class MuxProtocol(asyncio.Protocol):
         self._transport = None
         self._closing = True
         self.engine.closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for timer in self._open_timers.values():
+            timer.cancel()
+        self._open_timers.clear()
         if self._error is not None:
             cause: BaseException | None = self._error
             error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
@@ -146,6 +207,11 @@ class MuxProtocol(asyncio.Protocol):
         self._accept_waiters.clear()
         if not self.ready.done():
             self.ready.set_exception(error)
+        for ping, _sent in self._pings.values():
+            if not ping.done():
+                ping.set_exception(error)
+                ping.exception()  # keepalive/RTT pings may have no awaiter: no "never retrieved" log
+        self._pings.clear()
         self._wake()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -179,6 +245,9 @@ class MuxProtocol(asyncio.Protocol):
         elif isinstance(event, ev.ChannelOpened):
             self._on_offer(event.channel, event.name)
         elif isinstance(event, ev.ChannelAccepted):
+            timer = self._open_timers.pop(event.channel, None)
+            if timer is not None:
+                timer.cancel()
             channel = self._channels.get(event.channel)
             fut = self._offers.pop(event.channel, None)
             if channel is not None:
@@ -220,7 +289,12 @@ class MuxProtocol(asyncio.Protocol):
             if not self.ready.done():
                 self.ready.set_result(None)
         elif isinstance(event, ev.SessionClosed):
-            self._closing = True
+            # The peer's go-away: no new channels; open ones may finish.
+            self._peer_goaway = f"the peer is going away ({event.message})"
+        elif isinstance(event, ev.PingAcked):
+            entry = self._pings.pop(event.opaque, None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(self.loop.time() - entry[1])
 
     def _on_offer(self, handle: int, name: str) -> None:
         engine = self.engine
@@ -313,6 +387,7 @@ class MuxProtocol(asyncio.Protocol):
         if self.engine.closed:
             return
         engine = self.engine
+        engine.now = self.loop.time()
         engine.ack_consumed(handle, n)
         if engine.has_output:  # most reads return credit below the batching threshold
             self._schedule_flush()
@@ -349,9 +424,13 @@ class MuxProtocol(asyncio.Protocol):
         channel = self._new_channel(handle, self.engine.channel_name(handle), local=True)
         # Attach before the acceptance: data may follow it in the same read.
         channel._attach(protocol, reader)
-        if not self.engine.needs_acceptance:  # open at once (mplex)
+        if not self.engine.needs_acceptance:  # usable at once (mplex, yamux)
             channel._accepted = True
             self._schedule_flush()
+            if self.engine.format == "yamux":
+                self._open_timers[handle] = self.loop.call_later(
+                    config.stream_open_timeout, self._open_timed_out, channel
+                )
             return channel
         fut: asyncio.Future[None] = self.loop.create_future()
         self._offers[handle] = fut
@@ -367,11 +446,29 @@ class MuxProtocol(asyncio.Protocol):
             raise
         return channel
 
+    def _open_timed_out(self, channel: ChannelTransport) -> None:
+        """The peer never acknowledged a stream we opened: reset it."""
+        self._open_timers.pop(channel._handle, None)
+        if channel._done:
+            return
+        self._reset_channel(channel, None)
+        channel._finish(
+            ChannelReset(
+                self.engine.format,
+                channel._label(),
+                f"not acknowledged within stream_open_timeout={self.config.stream_open_timeout:g} s",
+            )
+        )
+
     def _check_open(self) -> None:
         if self._error is not None:
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
         if self._closing:
             raise SessionClosed(f"{self.engine.format}: the session is closing")
+        if self._peer_goaway is not None or not self.engine.can_open:
+            raise SessionClosed(
+                f"{self.engine.format}: no new channels: {self._peer_goaway or 'we are going away'}"
+            )
 
     async def accept(self, name: str | None) -> StreamPair:
         """Wait for an incoming channel (named ``name``, if given)."""
@@ -474,8 +571,13 @@ class MuxProtocol(asyncio.Protocol):
         if self._error is None:
             self._error = exc
         self._closing = True
-        if self._transport is not None:
-            self._transport.abort()
+        transport = self._transport
+        if transport is not None:
+            # Send what the engine queued last (a go-away naming the error), then close.
+            out = self.engine.data_to_send()
+            if out:
+                transport.writelines(out)
+            transport.close()
 
     async def aclose(self) -> None:
         """Flush what channels have queued (bounded by ``close_timeout``), then close."""
@@ -488,8 +590,15 @@ class MuxProtocol(asyncio.Protocol):
                 await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
             except TimeoutError:
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
+            had_goaway = self.engine.can_open
             self.engine.close()
             self._flush()
+            if had_goaway and not self.engine.can_open and self._channels:
+                # The format said goodbye (yamux GoAway): let open channels finish.
+                try:
+                    await asyncio.wait_for(self._channels_finished(), max(0.0, deadline - self.loop.time()))
+                except TimeoutError:
+                    logger.info("%s: channels still open at close_timeout", self.engine.format)
             transport = self._transport
             if transport is not None:
                 # Half-close and let the peer close its side: closing at once while the
@@ -506,6 +615,10 @@ class MuxProtocol(asyncio.Protocol):
                     if self._transport is not None:
                         self._transport.abort()
         await asyncio.shield(self.closed)
+
+    async def _channels_finished(self) -> None:
+        while self._transport is not None and self._channels:
+            await self._activity()
 
     async def _drain_channels(self) -> None:
         def unsent() -> bool:
@@ -566,6 +679,17 @@ class Session:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """Extra information of the underlying transport (``peername`` ...)."""
         return self._mux.get_extra_info(name, default)
+
+    async def ping(self) -> float:
+        """Ping the peer and return the round-trip time in seconds (formats with pings:
+        yamux). Raises :class:`~polymux.exceptions.SessionClosed` without an answer
+        within ``keepalive_timeout``."""
+        return await self._mux.ping()
+
+    @property
+    def rtt(self) -> float | None:
+        """The latest measured round-trip time (formats with pings), or None."""
+        return getattr(self._mux.engine, "rtt", None)
 
     async def wait_ready(self) -> None:
         """Wait for the handshake (formats that have one)."""

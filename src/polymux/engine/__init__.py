@@ -24,6 +24,10 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
     allocation depends on it.
     """
     check_protocol(protocol)
+    if protocol == "yamux":
+        from polymux.engine.yamux import YamuxEngine
+
+        return YamuxEngine(config, is_client=is_client)
     if protocol in ("mplex", "multiplex"):
         from polymux.engine.mplex import MplexEngine
 

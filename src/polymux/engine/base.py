@@ -36,6 +36,9 @@ class Engine(ABC):
     has_flow_control: bool
     """True when the peer returns credit on the wire (the reader need not pause the
     connection to bound memory)."""
+    now: float = 0.0
+    """The current time, set by the I/O layer before it calls in (formats with timers:
+    RTT, window tuning); engines never read a clock themselves."""
     needs_acceptance: bool = True
     """True when an opened channel waits for the peer's acceptance before it is usable;
     False when it is open at once (mplex)."""
@@ -147,6 +150,16 @@ class Engine(ABC):
         """The peer closed its side of the connection. Raises
         :class:`~polymux.exceptions.ProtocolError` if that cut a frame in half."""
         self.closed = True
+
+    @property
+    def can_open(self) -> bool:
+        """Whether new channels may be opened (False after a go-away either way)."""
+        return True
+
+    def ping(self) -> int:
+        """Send a ping and return its opaque value; a ``PingAcked`` event follows. Formats
+        without pings raise ``NotImplementedError``."""
+        raise NotImplementedError(f"{self.format} has no ping")
 
     def close(self) -> None:
         """Say goodbye on the wire, where the format has a way to (MultiplexingStream has

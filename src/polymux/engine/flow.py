@@ -111,6 +111,15 @@ class ReceiveWindow:
             return self.flush()
         return 0
 
+    def grow(self, n: int, threshold: int | None = None) -> None:
+        """Enlarge the window by ``n`` (the caller tells the peer), optionally with a new
+        acknowledgement threshold."""
+        if n < 0:
+            raise ValueError(f"a window only grows, got {n}")
+        self.window += n
+        if threshold is not None:
+            self.threshold = max(1, min(threshold, self.window))
+
     def flush(self) -> int:
         """Return (and account for) all consumed, unacknowledged units."""
         n = self.pending

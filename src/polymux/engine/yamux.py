@@ -1,0 +1,364 @@
+"""Sans-I/O yamux engine (hashicorp/yamux ``spec.md``; PROTOCOL-NOTES A5).
+
+Rules:
+
+* Clients allocate odd stream ids, servers even ones. A stream opens with SYN on its
+  first frame (we send a WindowUpdate with SYN); the peer answers ACK (or RST). Data may
+  flow before the ACK, so an opened stream is usable at once.
+* Every stream starts with a 256 KiB window each way. We return credit as the
+  application consumes, once half the window is consumed (as hashicorp does). A peer
+  that sends past our window is a protocol error: GoAway(protocol error) and the session
+  ends.
+* Window auto-tuning (as go-yamux and py-libp2p do): when a window's worth was consumed
+  within ``4 x RTT`` (RTT from pings), the reader keeps up and the sender is window-bound,
+  so the window doubles, up to ``max_receive_window`` per stream, within a session-wide
+  ``window_budget`` so many streams cannot claim unbounded memory.
+* Time is a parameter: the I/O layer sets :attr:`YamuxEngine.now` before calling in.
+* Frames for streams that do not exist are dropped (hashicorp: data discarded with a
+  warning); a SYN for a stream id in use or of the wrong parity, data after FIN, and an
+  unrequested ping ACK are protocol errors.
+* GoAway: ``close()`` sends GoAway(normal) and refuses new streams from then on; a
+  received GoAway stops our new opens (:class:`~polymux.engine.events.SessionClosed`).
+"""
+
+from __future__ import annotations
+
+from polymux._types import BytesLike
+from polymux.config import SessionConfig
+from polymux.engine.base import Engine
+from polymux.engine.channel import ChannelRecord
+from polymux.engine.events import (
+    ChannelAccepted,
+    ChannelClosed,
+    ChannelEnded,
+    ChannelOpened,
+    ChannelReset,
+    CreditAvailable,
+    DataReceived,
+    Event,
+    PingAcked,
+    SessionClosed,
+)
+from polymux.engine.flow import ReceiveWindow, SendCredit
+from polymux.exceptions import FlowControlError, ProtocolError
+from polymux.wire import yamux as wire
+from polymux.wire.yamux import Flag, GoAwayCode, Type
+
+
+__all__ = ["YamuxEngine"]
+
+
+class YamuxEngine(Engine):
+    """One side of a yamux session.
+
+    Args:
+        is_client: the connecting side (odd stream ids); the listener is the server.
+        config: ``max_receive_window``, ``window_budget``, ``send_frame``.
+    """
+
+    format = "yamux"
+    has_flow_control = True
+    needs_acceptance = False
+
+    def __init__(self, config: SessionConfig | None = None, *, is_client: bool = True) -> None:
+        super().__init__()
+        self.config = config or SessionConfig()
+        self.is_client = is_client
+        self.max_frame = self.config.send_frame
+        self._decoder = wire.Decoder(max(self.config.max_receive_window, wire.INITIAL_WINDOW))
+        self._by_id: dict[int, ChannelRecord] = {}
+        self._next_id = 1 if is_client else 2
+        self._pings: dict[int, float] = {}
+        self._next_ping = 1
+        self._grown = 0  # bytes of window granted beyond the initial ones, session-wide
+        self.now = 0.0
+        """The current time (seconds, any monotonic clock); set by the I/O layer."""
+        self.rtt: float | None = None
+        """The latest round-trip time measured with a ping."""
+        self.local_goaway = False
+        """We sent GoAway: no new streams either way."""
+        self.remote_goaway: int | None = None
+        """The peer's GoAway code, once it sent one."""
+
+    @property
+    def ready(self) -> bool:
+        """yamux has no handshake."""
+        return True
+
+    @property
+    def can_open(self) -> bool:
+        """Whether new streams may be opened (no GoAway sent or received)."""
+        return not self.local_goaway and self.remote_goaway is None
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
+        if self.closed:
+            raise self._error("received data after the session ended")
+        events: list[Event] = []
+        by_id = self._by_id
+        run: ChannelRecord | None = None
+        chunks: list[BytesLike] = []
+        run_len = 0
+        try:
+            for type_, flags, stream_id, length, body in self._decoder.feed(data):
+                if type_ == Type.DATA and not flags:
+                    # Fast path: plain data for a live stream.
+                    record = by_id.get(stream_id)
+                    if record is not None and not record.remote_end and length:
+                        if record.recv is not None and not record.recv.received(length):
+                            raise self._overrun(record, length)
+                        if record is not run:
+                            if run is not None:
+                                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                            run, chunks, run_len = record, [body], length
+                        else:
+                            chunks.append(body)
+                            run_len += length
+                        continue
+                if run is not None:
+                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+                    run = None
+                self._on_frame(type_, flags, stream_id, length, body, events)
+            if run is not None:
+                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+        except ProtocolError:
+            self._go_away(GoAwayCode.PROTOCOL_ERROR)
+            self.closed = True
+            raise
+        return events
+
+    def receive_eof(self) -> None:
+        """The peer closed the connection: a frame cut in half is a protocol error."""
+        pending = self._decoder.pending
+        self.closed = True
+        if pending:
+            raise ProtocolError(
+                self.format, f"connection ended inside a frame ({pending} bytes of it received)"
+            )
+
+    def _on_frame(
+        self, type_: int, flags: int, stream_id: int, length: int, body: BytesLike, events: list[Event]
+    ) -> None:
+        if type_ == Type.PING:
+            self._on_ping(flags, length, events)
+            return
+        if type_ == Type.GO_AWAY:
+            if self.remote_goaway is None:
+                self.remote_goaway = length
+                events.append(SessionClosed(length, _goaway_text(length)))
+            return
+        # Data or WindowUpdate: a stream frame.
+        if stream_id == 0:
+            raise self._error(f"{Type(type_).name} frame for stream 0 (the session)")
+        record = self._by_id.get(stream_id)
+        if flags & Flag.SYN:
+            if record is not None:
+                raise self._error(f"SYN for stream {stream_id}, which is already open")
+            if (stream_id % 2 == 1) == self.is_client:
+                raise self._error(f"SYN for stream {stream_id}, an id of our parity")
+            record = self._new_record(stream_id, local=False)
+            if self.local_goaway:
+                self._send_flags(record, Flag.RST)
+                self._forget(record)
+                return
+            events.append(ChannelOpened(record.handle, record.name))
+        if record is None:
+            return  # unknown or closed stream: dropped (hashicorp logs and discards)
+        handle = record.handle
+        if flags & Flag.ACK and record.local_origin and not record.extra.get("acked"):
+            record.extra["acked"] = True
+            events.append(ChannelAccepted(handle))
+        if type_ == Type.WINDOW_UPDATE:
+            if length:
+                was_blocked = record.send.available == 0
+                record.send.grow(length)
+                if was_blocked:
+                    events.append(CreditAvailable(handle))
+        elif length:
+            if record.remote_end:
+                raise self._error(f"data for stream {stream_id} after its FIN")
+            if record.recv is not None and not record.recv.received(length):
+                raise self._overrun(record, length)
+            events.append(DataReceived(handle, body, length))
+        if flags & Flag.RST:
+            self._forget(record)
+            events.append(ChannelReset(handle, None))
+            return
+        if flags & Flag.FIN and not record.remote_end:
+            record.remote_end = True
+            events.append(ChannelEnded(handle))
+            if record.local_end:
+                self._forget(record)
+                events.append(ChannelClosed(handle))
+
+    def _on_ping(self, flags: int, opaque: int, events: list[Event]) -> None:
+        if flags & Flag.SYN:
+            self._out.append(wire.encode_header(Type.PING, Flag.ACK, 0, opaque))
+        elif flags & Flag.ACK:
+            sent = self._pings.pop(opaque, None)
+            if sent is None:
+                raise self._error(f"ping ACK with opaque value {opaque}, which we never sent")
+            self.rtt = max(0.0, self.now - sent)
+            events.append(PingAcked(opaque))
+
+    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
+        assert record.recv is not None
+        self.closed = True
+        return FlowControlError(
+            self.format,
+            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} bytes > "
+            f"window {record.recv.window}",
+        )
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def open_channel(self, name: str = "") -> int:
+        """Open a stream (WindowUpdate with SYN); usable at once."""
+        if not self.can_open:
+            why = (
+                "we sent GoAway"
+                if self.local_goaway
+                else f"the peer sent GoAway ({_goaway_text(self.remote_goaway)})"
+            )
+            raise RuntimeError(f"{self.format}: cannot open a stream: {why}")
+        stream_id = self._next_id
+        self._next_id += 2
+        record = self._new_record(stream_id, local=True, name=name)
+        record.accepted = True
+        self._send_flags(record, Flag.SYN)
+        return record.handle
+
+    def accept_channel(self, channel: int) -> None:
+        """Accept an incoming stream (WindowUpdate with ACK)."""
+        record = self._record(channel)
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        record.accepted = True
+        self._send_flags(record, Flag.ACK)
+
+    def reject_channel(self, channel: int) -> None:
+        """Refuse an incoming stream (RST)."""
+        record = self._record(channel)
+        self._send_flags(record, Flag.RST)
+        self._forget(record)
+
+    def send_credit(self, channel: int) -> int:
+        """Bytes the peer's window lets us send now."""
+        record = self._channels.get(channel)
+        if record is None or not record.accepted or record.local_end:
+            return 0
+        return record.send.available
+
+    def send_data(self, channel: int, data: BytesLike) -> None:
+        """Queue Data frames of at most :attr:`max_frame` bytes (views of ``data``)."""
+        record = self._record(channel)
+        if not record.accepted or record.local_end:
+            raise RuntimeError(
+                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
+            )
+        n = len(data)
+        record.send.consume(n)
+        out = self._out
+        step = self.max_frame
+        view = memoryview(data) if n > step else data
+        sid = record.wire_id
+        for off in range(0, n, step):
+            size = min(step, n - off)
+            out.append(wire.encode_header(Type.DATA, 0, sid, size))
+            out.append(view[off : off + size] if n > step else data)
+
+    def end_channel(self, channel: int) -> bool:
+        """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""
+        record = self._record(channel)
+        if record.local_end:
+            return False
+        record.local_end = True
+        self._send_flags(record, Flag.FIN)
+        if record.remote_end:
+            self._forget(record)
+            return True
+        return False
+
+    def reset_channel(self, channel: int, message: str | None = None) -> None:
+        """Reset the stream (RST; yamux carries no message)."""
+        record = self._channels.get(channel)
+        if record is not None:
+            self._send_flags(record, Flag.RST)
+            self._forget(record)
+
+    def ack_consumed(self, channel: int, n: int) -> None:
+        """Return credit once half the window is consumed, growing the window when the
+        reader keeps up (auto-tuning)."""
+        record = self._channels.get(channel)
+        if record is None or record.recv is None or record.remote_end:
+            return
+        recv = record.recv
+        credit = recv.consumed(n)
+        if not credit:
+            return
+        growth = 0
+        epoch = record.extra.get("epoch")
+        max_window = self.config.max_receive_window
+        if (
+            self.rtt is not None
+            and isinstance(epoch, float)
+            and self.now - epoch < 4 * self.rtt
+            and recv.window < max_window
+        ):
+            growth = min(recv.window, max_window - recv.window, self.config.window_budget - self._grown)
+            if growth > 0:
+                recv.grow(growth, threshold=(recv.window + growth) // 2)
+                self._grown += growth
+            else:
+                growth = 0
+        record.extra["epoch"] = self.now
+        self._out.append(wire.encode_header(Type.WINDOW_UPDATE, 0, record.wire_id, credit + growth))
+
+    def ping(self) -> int:
+        """Send a ping; returns its opaque value (a :class:`PingAcked` event follows)."""
+        opaque = self._next_ping
+        self._next_ping = (self._next_ping + 1) & 0xFFFFFFFF or 1
+        self._pings[opaque] = self.now
+        self._out.append(wire.encode_header(Type.PING, Flag.SYN, 0, opaque))
+        return opaque
+
+    def close(self) -> None:
+        """Send GoAway(normal): no new streams; open ones may finish."""
+        self._go_away(GoAwayCode.NORMAL)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _go_away(self, code: int) -> None:
+        if not self.local_goaway:
+            self.local_goaway = True
+            self._out.append(wire.encode_header(Type.GO_AWAY, 0, 0, code))
+
+    def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> ChannelRecord:
+        record = ChannelRecord(
+            handle=self._new_handle(),
+            wire_id=stream_id,
+            local_origin=local,
+            name=name or str(stream_id),
+            send=SendCredit(wire.INITIAL_WINDOW),
+            recv=ReceiveWindow(wire.INITIAL_WINDOW, wire.INITIAL_WINDOW // 2),
+        )
+        record.extra["epoch"] = self.now
+        self._channels[record.handle] = record
+        self._by_id[stream_id] = record
+        return record
+
+    def _send_flags(self, record: ChannelRecord, flags: int) -> None:
+        self._out.append(wire.encode_header(Type.WINDOW_UPDATE, flags, record.wire_id, 0))
+
+    def _forget(self, record: ChannelRecord) -> None:
+        self._channels.pop(record.handle, None)
+        self._by_id.pop(record.wire_id, None)
+        if record.recv is not None and record.recv.window > wire.INITIAL_WINDOW:
+            self._grown -= record.recv.window - wire.INITIAL_WINDOW
+
+
+def _goaway_text(code: int | None) -> str:
+    names = {0: "normal", 1: "protocol error", 2: "internal error"}
+    return f"code {code}: {names.get(code or 0, 'unknown')}" if code is not None else "none"
