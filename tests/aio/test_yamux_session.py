@@ -252,9 +252,11 @@ async def test_drain_blocks_at_the_window_while_another_stream_flows(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("max_window", [4 * MiB, 3 * WINDOW], ids=["4MiB", "768KiB"])
 async def test_window_grows_for_a_fast_reader_up_to_max_receive_window(
-    serve: Serve, monkeypatch: pytest.MonkeyPatch
+    serve: Serve, monkeypatch: pytest.MonkeyPatch, max_window: int
 ) -> None:
+    """768 KiB is not a doubling of 256 KiB: the last step is clamped to the maximum."""
     windows = track_windows(monkeypatch)
     received = [0]
 
@@ -266,7 +268,6 @@ async def test_window_grows_for_a_fast_reader_up_to_max_receive_window(
         writer.write(digest.hexdigest().encode())
         writer.close()
 
-    max_window = 4 * MiB
     server = await serve(sink, protocol="yamux", max_receive_window=max_window)
     async with await wait(polymux.connect("127.0.0.1", server.port, protocol="yamux")) as session:
         payload = pattern(64 * MiB, seed=4)
@@ -279,7 +280,7 @@ async def test_window_grows_for_a_fast_reader_up_to_max_receive_window(
         recv = server_session.engine._channels[server_channel(server_session, "1").handle].recv
         assert recv is not None
         send = session.engine._channels[handle].send
-        print(f"yamux window after 64 MiB: {recv.window} (peak {windows[1]})")
+        print(f"yamux window after 64 MiB: {recv.window} (peak {windows[1]}, max {max_window})")
         assert WINDOW < recv.window <= max_window
         assert WINDOW < windows[1] <= max_window
         # The sender sees every increment: its credit is the receiver's window less what
@@ -559,6 +560,106 @@ async def test_client_aclose_with_open_streams_sends_goaway_and_lets_them_finish
     assert session.exception is None
     await wait(server_session.wait_closed())
     assert server_session.exception is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "src bug: aio/session.py MuxProtocol.ping calls _check_open, which refuses once the peer "
+        "sent GoAway ('no new channels: the peer is going away'), although the session is still "
+        "up, its streams still flow and keepalive pings are still sent and answered"
+    ),
+)
+async def test_ping_still_works_after_the_peers_goaway(serve: Serve) -> None:
+    go = asyncio.Event()
+
+    async def leave_when_told(session: polymux.Session) -> None:
+        await go.wait()
+        await session.aclose()
+
+    server = await serve(echo, protocol="yamux", session_handler=leave_when_told)
+    async with await wait(polymux.connect("127.0.0.1", server.port, protocol="yamux")) as session:
+        reader, writer = await wait(session.open_channel())
+        writer.write(b"x")
+        assert await wait(reader.readexactly(1)) == b"x"
+        go.set()
+        await until(lambda: session.mux._peer_goaway is not None)
+        try:
+            assert await wait(session.ping()) > 0  # the stream is open: so is the session
+        finally:
+            writer.write_eof()
+            assert await wait(reader.read()) == b""
+            await wait(session.wait_closed())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "src bug: aio/session.py MuxProtocol.aclose only waits for open channels when it is "
+        "the first to say GoAway (had_goaway = engine.can_open, False once the peer's GoAway "
+        "came): closing after the peer's GoAway half-closes the connection at once, the peer "
+        "ends the session, and streams still in flight fail with SessionClosed"
+    ),
+)
+async def test_aclose_after_the_peers_goaway_lets_open_streams_finish(serve: Serve) -> None:
+    server_sessions: list[polymux.Session] = []
+    server = await serve(echo, protocol="yamux", session_handler=server_sessions.append)
+    session = await wait(polymux.connect("127.0.0.1", server.port, protocol="yamux"))
+    payload = pattern(2 * MiB, seed=20)
+    reader, writer = await wait(session.open_channel())
+    echoed = bytearray()
+    receiver = asyncio.create_task(read_all(reader, echoed))
+    tasks = [receiver]
+    try:
+        await wait(write_all(writer, payload[:MiB]))
+        await until(lambda: len(echoed) > 0)
+        tasks.append(asyncio.create_task(session.aclose()))  # GoAway from the client
+        (server_session,) = server_sessions
+        await until(lambda: server_session.mux._peer_goaway is not None)
+        tasks.append(asyncio.create_task(server_session.aclose()))  # and then from the server
+        # Both sides are closing gracefully: the open stream may still finish.
+        await wait(write_all(writer, payload[MiB:]))
+        writer.write_eof()
+        assert await wait(receiver, 30) == payload
+        await wait(asyncio.gather(*tasks[1:]), 15)
+        assert session.exception is None
+        assert server_session.exception is None
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        session.abort()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "src bug: engine/yamux.py YamuxEngine._on_frame treats every GoAway code like 'normal' "
+        "(only new opens stop) and aio/session.py keeps it only for open_channel's message: a "
+        "peer's GoAway(protocol error) followed by the close ends the session as if it were "
+        "clean (session.exception None, reads fail with 'the connection was closed'); "
+        "hashicorp/yamux handleGoAway ends the session with 'yamux protocol error'"
+    ),
+)
+async def test_peers_goaway_with_protocol_error_is_reported() -> None:
+    async def complain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(header(Type.GO_AWAY, 0, 0, GoAwayCode.PROTOCOL_ERROR))
+        writer.write_eof()
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(64 * KiB):
+                pass
+        writer.close()
+
+    raw = await asyncio.start_server(complain, "127.0.0.1", 0)
+    async with raw:
+        port = raw.sockets[0].getsockname()[1]
+        session = await wait(polymux.connect("127.0.0.1", port, protocol="yamux", keepalive_interval=None))
+        await wait(session.wait_closed())
+        assert session.exception is not None
+        assert "protocol error" in str(session.exception)
 
 
 # -- 5. stream-open timeout ----------------------------------------------------------------

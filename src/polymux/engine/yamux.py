@@ -134,8 +134,10 @@ class YamuxEngine(Engine):
         pending = self._decoder.pending
         self.closed = True
         if pending:
+            where = self._decoder.partial_stream()
+            on = f" on stream {where}" if where is not None else ""
             raise ProtocolError(
-                self.format, f"connection ended inside a frame ({pending} bytes of it received)"
+                self.format, f"connection ended inside a frame{on} ({pending} bytes of it received)"
             )
 
     def _on_frame(
@@ -224,6 +226,8 @@ class YamuxEngine(Engine):
             )
             raise RuntimeError(f"{self.format}: cannot open a stream: {why}")
         stream_id = self._next_id
+        if stream_id > 0xFFFFFFFF:
+            raise RuntimeError(f"{self.format}: stream ids are exhausted (ids are 32-bit)")
         self._next_id += 2
         record = self._new_record(stream_id, local=True, name=name)
         record.accepted = True
@@ -303,7 +307,7 @@ class YamuxEngine(Engine):
         max_window = self.config.max_receive_window
         if (
             self.rtt is not None
-            and isinstance(epoch, float)
+            and isinstance(epoch, (int, float))
             and self.now - epoch < 4 * self.rtt
             and recv.window < max_window
         ):

@@ -105,6 +105,12 @@ class Decoder:
         """Bytes of an incomplete frame held back."""
         return len(self._partial)
 
+    def partial_stream(self) -> int | None:
+        """The stream id of the incomplete frame held back, once its header is in."""
+        if len(self._partial) < 12:
+            return None
+        return int(HEADER.unpack_from(self._partial, 0)[3])
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Decode every complete frame."""
         if not isinstance(data, bytes):
