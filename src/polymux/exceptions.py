@@ -82,8 +82,8 @@ class ChannelReset(ChannelError, ConnectionResetError):
     (MultiplexingStream v2/v3, multiplex); otherwise ``None``.
     """
 
-    def __init__(self, fmt: str, channel: str, message: str | None = None) -> None:
-        text = f"{fmt}: {channel} was reset by the peer"
+    def __init__(self, fmt: str, channel: str, message: str | None = None, *, by_peer: bool = True) -> None:
+        text = f"{fmt}: {channel} was reset" + (" by the peer" if by_peer else "")
         if message:
             text += f": {message}"
         super().__init__(text)

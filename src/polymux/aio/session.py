@@ -80,6 +80,8 @@ class MuxProtocol(asyncio.Protocol):
         self._open_stamp = self.loop.time()
         self._error: BaseException | None = None
         self._peer_goaway: str | None = None
+        self._failed = False  # the session ended because of an error (not a clean close)
+        self._eof_written = False
         self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._keepalive: asyncio.Task[None] | None = None
         self._open_timers: dict[int, asyncio.TimerHandle] = {}
@@ -117,16 +119,23 @@ class MuxProtocol(asyncio.Protocol):
 
     async def ping(self) -> float:
         """Ping the peer; return the round-trip time in seconds."""
-        self._check_open()
+        if self._error is not None or self._transport is None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
         if not self._supports_ping():
             raise PolymuxError(f"{self.engine.format} has no ping")
         fut = self._send_ping()
         try:
             return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
         except TimeoutError:
+            self._forget_pings(fut)
             raise SessionClosed(
                 f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
             ) from None
+
+    def _forget_pings(self, fut: asyncio.Future[float]) -> None:
+        for opaque, (pending, _sent) in list(self._pings.items()):
+            if pending is fut:
+                del self._pings[opaque]
 
     async def _keep_alive(self, interval: float) -> None:
         try:
@@ -136,6 +145,7 @@ class MuxProtocol(asyncio.Protocol):
                 try:
                     await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
                 except TimeoutError:
+                    self._forget_pings(fut)
                     err = SessionClosed(
                         f"{self.engine.format}: keepalive failed: no answer to a ping within "
                         f"{self.config.keepalive_timeout:g} s"
@@ -171,6 +181,7 @@ class MuxProtocol(asyncio.Protocol):
             logger.warning("%s", exc)
             if self._error is None:
                 self._error = exc
+                self._failed = True
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -188,6 +199,7 @@ class MuxProtocol(asyncio.Protocol):
         elif exc is not None:
             cause = exc
             error = SessionClosed(f"{self.engine.format}: connection lost: {exc}")
+            self._failed = True
         else:
             cause = None
             error = SessionClosed(f"{self.engine.format}: the session's connection was closed")
@@ -289,8 +301,11 @@ class MuxProtocol(asyncio.Protocol):
             if not self.ready.done():
                 self.ready.set_result(None)
         elif isinstance(event, ev.SessionClosed):
-            # The peer's go-away: no new channels; open ones may finish.
+            # The peer's go-away: no new channels; open ones may finish. One that reports
+            # an error ends the session (as hashicorp's handleGoAway does).
             self._peer_goaway = f"the peer is going away ({event.message})"
+            if event.code:
+                self._abort(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
         elif isinstance(event, ev.PingAcked):
             entry = self._pings.pop(event.opaque, None)
             if entry is not None and not entry[0].done():
@@ -375,6 +390,9 @@ class MuxProtocol(asyncio.Protocol):
         return channel
 
     def _channel_done(self, channel: ChannelTransport) -> None:
+        timer = self._open_timers.pop(channel._handle, None)
+        if timer is not None:
+            timer.cancel()
         if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
             self._inbound -= 1
 
@@ -457,6 +475,7 @@ class MuxProtocol(asyncio.Protocol):
                 self.engine.format,
                 channel._label(),
                 f"not acknowledged within stream_open_timeout={self.config.stream_open_timeout:g} s",
+                by_peer=False,
             )
         )
 
@@ -498,7 +517,7 @@ class MuxProtocol(asyncio.Protocol):
         self._flush_pending = False
         transport = self._transport
         engine = self.engine
-        if transport is None or engine.closed and self._error is not None:
+        if transport is None or engine.closed and self._error is not None or self._eof_written:
             return
         ready = self._ready_queue
         max_frame = engine.max_frame
@@ -567,9 +586,10 @@ class MuxProtocol(asyncio.Protocol):
     # -- ending ------------------------------------------------------------------------------
 
     def _abort(self, exc: BaseException) -> None:
-        """End the session because of ``exc`` (a protocol violation)."""
+        """End the session because of ``exc`` (a protocol violation, a dead peer)."""
         if self._error is None:
             self._error = exc
+            self._failed = True
         self._closing = True
         transport = self._transport
         if transport is not None:
@@ -590,10 +610,9 @@ class MuxProtocol(asyncio.Protocol):
                 await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
             except TimeoutError:
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
-            had_goaway = self.engine.can_open
             self.engine.close()
             self._flush()
-            if had_goaway and not self.engine.can_open and self._channels:
+            if not self.engine.can_open and self._channels:
                 # The format said goodbye (yamux GoAway): let open channels finish.
                 try:
                     await asyncio.wait_for(self._channels_finished(), max(0.0, deadline - self.loop.time()))
@@ -606,6 +625,7 @@ class MuxProtocol(asyncio.Protocol):
                 # which can destroy data the peer has not read yet.
                 if transport.can_write_eof():
                     transport.write_eof()
+                    self._eof_written = True
                 else:
                     transport.close()
                 try:
@@ -671,10 +691,8 @@ class Session:
     @property
     def exception(self) -> BaseException | None:
         """Why the session ended abnormally (e.g. a :class:`ProtocolError`), if it did."""
-        err = self._mux._error
-        if isinstance(err, SessionClosed) and err.__cause__ is None:
-            return None
-        return err
+        mux = self._mux
+        return mux._error if mux._failed else None
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """Extra information of the underlying transport (``peername`` ...)."""
