@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import polymux
 
@@ -163,9 +164,9 @@ async def raw_transfer(payload: memoryview, streams: int, time_limit: float) -> 
 
 async def _channel_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Server side of one channel: count until EOF, reply b"\\x01" if the count matches
-    the size in the channel's name ("bench/<bytes>")."""
+    the 8-byte size that starts the channel's data (yamux streams have no names)."""
     try:
-        expected = int(writer.get_extra_info("channel_name").rpartition("/")[2])
+        expected = int.from_bytes(await reader.readexactly(8), "big")
         n = await _count(reader, None)
         writer.write(b"\x01" if n == expected else b"\x00")
         writer.write_eof()
@@ -185,6 +186,8 @@ async def polymux_transfer(protocol: str, payload: memoryview, streams: int, tim
         async with asyncio.timeout(SETUP_TIMEOUT):
             session = await polymux.connect("127.0.0.1", server.port, protocol=protocol)
             pairs = [await session.open_channel(f"bench/{part}") for _ in range(streams)]
+            for _r, w in pairs:
+                w.write(part.to_bytes(8, "big"))
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
         return await _timed_send(views, pairs, time_limit, half_close=True)
     finally:
@@ -261,6 +264,8 @@ async def polymux_transfer_remote(
         async with asyncio.timeout(SETUP_TIMEOUT):
             session = await polymux.connect("127.0.0.1", port, protocol=protocol)
             pairs = [await session.open_channel(f"bench/{part}") for _ in range(streams)]
+            for _r, w in pairs:
+                w.write(part.to_bytes(8, "big"))
         views = [payload[i * part : (i + 1) * part] for i in range(streams)]
         return await _timed_send(views, pairs, time_limit, half_close=True)
     finally:
@@ -271,6 +276,71 @@ async def polymux_transfer_remote(
                 await asyncio.wait_for(session.aclose(), SETUP_TIMEOUT)
             except (TimeoutError, polymux.PolymuxError, OSError):
                 session.abort()
+
+
+# -- the Node reference peers as receivers ---------------------------------------------------
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "tests" / "interop" / "node"
+NODE_PEERS: dict[str, tuple[str, list[str], bool]] = {
+    # protocol: (script, extra args, stream name travels as a first line of data)
+    "yamux": ("yamux_peer.mjs", [], True),
+    "mplex": ("mplex_peer.mjs", ["--impl", "libp2p"], True),
+    "multiplex": ("mplex_peer.mjs", ["--impl", "multiplex"], False),
+}
+NODE_SUFFIX = ">node"
+
+
+async def node_transfer(protocol: str, payload: memoryview, time_limit: float) -> float:
+    """polymux sends ``payload`` on one stream to the npm reference implementation of the
+    format (its interop peer, ``halfclose/`` behaviour: count, reply the count)."""
+    script, extra, name_line = NODE_PEERS[protocol]
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(NODE_DIR / script),
+        *extra,
+        "--listen",
+        "--tcp",
+        "0",
+        "--mode",
+        "responder",
+        "--timeout-ms",
+        str(int((time_limit + SETUP_TIMEOUT) * 1000)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    session: polymux.Session | None = None
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(SETUP_TIMEOUT):
+            line = (await proc.stdout.readline()).decode().split()
+            if line[:1] != ["LISTENING"]:
+                raise BenchError(f"the Node peer did not start: {line}")
+            session = await polymux.connect("127.0.0.1", int(line[1]), protocol=protocol)
+            reader, writer = await session.open_channel("halfclose/bench")
+            if name_line:
+                writer.write(b"halfclose/bench\n")
+        async with asyncio.timeout(time_limit):
+            start = time.perf_counter()
+            step = _settings["write_size"]
+            for off in range(0, len(payload), step):
+                writer.write(payload[off : off + step])
+                await writer.drain()
+            writer.write_eof()
+            reply = await reader.read()
+            elapsed = time.perf_counter() - start
+        if reply != str(len(payload)).encode():
+            raise BenchError(f"the Node peer counted {reply!r}, expected {len(payload)}")
+        writer.close()
+        return elapsed
+    finally:
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.aclose(), SETUP_TIMEOUT)
+            except (TimeoutError, polymux.PolymuxError, OSError):
+                session.abort()
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 # -- driving ---------------------------------------------------------------------------------
@@ -304,7 +374,9 @@ def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
 async def _measure(case: Case, payload: memoryview, time_limit: float, ports: dict[str, int] | None) -> None:
     gc.collect()
     try:
-        if ports is not None and case.transport == RAW:
+        if case.transport.endswith(NODE_SUFFIX):
+            elapsed = await node_transfer(case.transport[: -len(NODE_SUFFIX)], payload, time_limit)
+        elif ports is not None and case.transport == RAW:
             elapsed = await raw_transfer_remote(ports[RAW], payload, case.streams, time_limit)
         elif ports is not None:
             port = ports[case.transport]
@@ -326,6 +398,8 @@ def run_loop(
 ) -> list[Case]:
     """All cases on one event loop, in one ``asyncio.Runner``; runs are interleaved."""
     cases = [Case(loop_name, t, s) for t in (RAW, *protocols) for s in (1, PARALLEL)]
+    if args.node:
+        cases += [Case(loop_name, p + NODE_SUFFIX, 1) for p in protocols if p in NODE_PEERS]
     ports: dict[str, int] | None = None
     child = None
     parent_conn: Connection | None = None
@@ -373,7 +447,7 @@ def run_loop(
 
 def print_table(cases: list[Case], size: int) -> None:
     header = (
-        f"{'loop':<8} {'transport':<11} {'streams':>7} {'MiB/s best':>11} "
+        f"{'loop':<8} {'transport':<15} {'streams':>7} {'MiB/s best':>11} "
         f"{'MiB/s median':>13} {'best s':>8} {'vs raw':>7}  note"
     )
     print(header)
@@ -386,7 +460,7 @@ def print_table(cases: list[Case], size: int) -> None:
         kind = "conns" if c.transport == RAW else "chans"
         note = f"{len(c.errors)} failed: {c.errors[0]}" if c.errors else ""
         print(
-            f"{c.loop:<8} {c.transport:<11} {c.streams:>2} {kind:<4} "
+            f"{c.loop:<8} {c.transport:<15} {c.streams:>2} {kind:<4} "
             f"{_fmt(best, 11)} {_fmt(median, 13)} "
             f"{(f'{min(c.times):8.3f}' if c.times else '       -')} {ratio}  {note}".rstrip()
         )
@@ -471,6 +545,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["process", "inline"],
         default="process",
         help="receiving side in a child process (default) or in the sender's loop",
+    )
+    parser.add_argument(
+        "--node",
+        action="store_true",
+        help="also send to the npm reference peer of each format that has one (rows '<format>>node'; "
+        "needs scripts/setup --with-node)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no per-run progress on stderr")
     args = parser.parse_args(argv)
