@@ -75,6 +75,18 @@ class SessionConfig:
     """Seconds an opened stream may wait for the peer's acknowledgement before it is
     reset (yamux; hashicorp's default)."""
 
+    # -- Streamux ---------------------------------------------------------------------------
+
+    streamux_id_bits: tuple[int, int, int] = (1, 29, 14)
+    """Streamux request-id bits we offer: (min, max, recommended; 31 = no preference)."""
+
+    streamux_length_bits: tuple[int, int, int] = (6, 30, 16)
+    """Streamux chunk-length bits we offer: (min, max, recommended; 31 = no preference)."""
+
+    streamux_quick_init: str = "off"
+    """Streamux quick init: ``"request"`` (send at once with our recommended values),
+    ``"allow"`` (accept a peer's request), or ``"off"``."""
+
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
     max_message_size: int | None = None
@@ -136,6 +148,10 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.streamux_quick_init not in ("off", "request", "allow"):
+            raise ValueError(
+                f"SessionConfig.streamux_quick_init must be 'off', 'request' or 'allow', got {self.streamux_quick_init!r}"
+            )
         if self.slow_reader not in ("block", "reset"):
             raise ValueError(
                 f"SessionConfig.slow_reader must be 'block' or 'reset', got {self.slow_reader!r}"

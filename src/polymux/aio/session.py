@@ -97,10 +97,9 @@ class MuxProtocol(asyncio.Protocol):
         if self.engine.ready:
             self.ready.set_result(None)
         if self._supports_ping():
-            # One ping at once measures the RTT (window tuning); then keepalive pings.
-            self._send_ping()
-            if self.config.keepalive_interval is not None:
-                self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
+            if self.engine.ready:
+                self._send_ping()  # at once: the RTT drives window tuning
+            self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
         self._schedule_flush()
 
     # -- pings and keepalive -----------------------------------------------------------------
@@ -137,8 +136,14 @@ class MuxProtocol(asyncio.Protocol):
             if pending is fut:
                 del self._pings[opaque]
 
-    async def _keep_alive(self, interval: float) -> None:
+    async def _keep_alive(self, interval: float | None) -> None:
         try:
+            if not self.engine.ready:
+                await asyncio.shield(self.ready)  # a handshake first (Streamux negotiation)
+                if self._transport is not None:
+                    self._send_ping()  # the RTT
+            if interval is None:
+                return
             while self._transport is not None:
                 await asyncio.sleep(interval)
                 fut = self._send_ping()
@@ -153,7 +158,7 @@ class MuxProtocol(asyncio.Protocol):
                     logger.warning("%s", err)
                     self._abort(err)
                     return
-        except (asyncio.CancelledError, SessionClosed):
+        except (asyncio.CancelledError, SessionClosed, ProtocolError):
             return
 
     def data_received(self, data: bytes) -> None:
@@ -724,6 +729,26 @@ class Session:
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
         return reader, writer
+
+    async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
+        """Send ``body`` on a new channel, end it, and return everything the peer answers
+        (Streamux's request/response, usable on any format). ``limit`` bounds the answer:
+        a longer one raises :class:`~polymux.exceptions.LimitExceeded`."""
+        reader, writer = await self.open_channel(name)
+        try:
+            if body:
+                writer.write(body)
+            writer.write_eof()
+            if limit is None:
+                return await reader.read()
+            answer = await reader.read(limit + 1)
+            while len(answer) <= limit and (more := await reader.read(limit + 1 - len(answer))):
+                answer += more
+            if len(answer) > limit:
+                raise LimitExceeded(f"{self.protocol}: the answer exceeds limit={limit} bytes")
+            return answer
+        finally:
+            writer.close()
 
     async def create_channel(
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], name: str = ""

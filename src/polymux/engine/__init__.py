@@ -24,6 +24,10 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
     allocation depends on it.
     """
     check_protocol(protocol)
+    if protocol == "streamux":
+        from polymux.engine.streamux import StreamuxEngine
+
+        return StreamuxEngine(config)
     if protocol == "yamux":
         from polymux.engine.yamux import YamuxEngine
 

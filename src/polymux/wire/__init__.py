@@ -5,5 +5,5 @@ from __future__ import annotations
 
 __all__ = ["PROTOCOLS"]
 
-PROTOCOLS = ("mstream-v1", "mstream-v2", "mstream-v3", "mplex", "multiplex", "yamux")
+PROTOCOLS = ("mstream-v1", "mstream-v2", "mstream-v3", "mplex", "multiplex", "yamux", "streamux")
 """Protocol names polymux speaks (``protocol=``)."""
