@@ -117,9 +117,10 @@ class SessionConfig:
     max_outbound_channels: int = 1024
     """Channels we may have open at once; opening more raises LimitExceeded."""
 
-    inbound_channel_rate: float = 1000.0
+    inbound_channel_rate: float = 100_000.0
     """New channels per second the peer may open (burst of as many); a peer above the
-    rate is a protocol violation (js-libp2p-mplex disconnects such a peer)."""
+    rate is a protocol violation (js-libp2p-mplex disconnects such a peer). High by default
+    because request/response use (Streamux) opens one channel per request."""
 
     def __post_init__(self) -> None:
         for name in (

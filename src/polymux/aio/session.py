@@ -325,9 +325,9 @@ class MuxProtocol(asyncio.Protocol):
         self._open_tokens = min(max(1.0, rate), self._open_tokens + (now - self._open_stamp) * rate)
         self._open_stamp = now
         if self._open_tokens < 1:
-            self._abort(
-                ProtocolError(engine.format, f"the peer opens channels faster than {rate:g} per second")
-            )
+            error = ProtocolError(engine.format, f"the peer opens channels faster than {rate:g} per second")
+            logger.warning("%s", error)
+            self._abort(error)
             return
         self._open_tokens -= 1
         refuse = (
