@@ -490,7 +490,8 @@ def test_negotiation_of_valid_messages(a: InitMessage, b: InitMessage) -> None:
         with pytest.raises(NegotiationError):
             negotiate(b, a)
     else:
-        assert got == negotiate(b, a) == Negotiated(*expected)  # type: ignore[misc]
+        assert expected is not None
+        assert got == negotiate(b, a) == Negotiated(*expected)
 
 
 # -- initialize message bytes --------------------------------------------------------------
@@ -857,7 +858,7 @@ STREAM_WIDTHS = [(0, 1), (2, 4), (2, 5), (6, 8), (6, 9), (10, 12), (10, 13), (15
 STREAMS = {w: _stream(Negotiated(*w), i) for i, w in enumerate(STREAM_WIDTHS)}
 
 
-def _feed(n: Negotiated, pieces: list[bytes]) -> list[Chunk]:
+def _feed(n: Negotiated, pieces: list[bytes] | list[bytes | bytearray | memoryview]) -> list[Chunk]:
     dec = Decoder(n)
     out: list[Chunk] = []
     for piece in pieces:
@@ -882,7 +883,15 @@ def test_feed_byte_by_byte(widths: tuple[int, int]) -> None:
 @pytest.mark.parametrize("widths", STREAM_WIDTHS)
 def test_feed_bytearray_and_memoryview_with_empty_pieces(widths: tuple[int, int]) -> None:
     data, expected = STREAMS[widths]
-    pieces: list[bytes] = [b"", bytearray(data[:3]), b"", memoryview(data[3:500]), b"", data[500:], b""]  # type: ignore[list-item]
+    pieces: list[bytes | bytearray | memoryview] = [
+        b"",
+        bytearray(data[:3]),
+        b"",
+        memoryview(data[3:500]),
+        b"",
+        data[500:],
+        b"",
+    ]
     assert _feed(Negotiated(*widths), pieces) == expected
 
 

@@ -91,7 +91,19 @@ class InitMessage:
 
 
 def encode_init(m: InitMessage) -> bytes:
-    """The 5-byte initialize message."""
+    """The 5-byte initialize message. A field that does not fit its bit width raises
+    ``ValueError`` (semantic validity is :meth:`InitMessage.check`'s job)."""
+    for name, value, bits in (
+        ("version", m.version, 8),
+        ("id_min", m.id_min, 4),
+        ("id_max", m.id_max, 5),
+        ("id_rec", m.id_rec, 5),
+        ("length_min", m.length_min, 4),
+        ("length_max", m.length_max, 5),
+        ("length_rec", m.length_rec, 5),
+    ):
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"streamux initialize field {name}={value} does not fit {bits} bits")
     word = (
         int(m.quick_request) << 29
         | int(m.quick_allowed) << 28
@@ -241,6 +253,7 @@ class Decoder:
         self._length_mask = (1 << n.length_bits) - 1
         self._limit = 1 << (n.id_bits + n.length_bits + 2)
         self._partial = bytearray()
+        self._waiting_for = 0
 
     @property
     def pending(self) -> int:
@@ -251,25 +264,41 @@ class Decoder:
         """Decode every complete chunk."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        if self._partial:
-            data = bytes(self._partial) + data
-            self._partial.clear()
         out: list[Chunk] = []
-        mv = memoryview(data)
         size = self._size
-        end = len(data)
-        pos = 0
         lbits = self.negotiated.length_bits
         mask = self._length_mask
         limit = self._limit
+        pos = 0
+        if self._partial:
+            # Complete the chunk that straddles reads, copying only what it needs.
+            have = len(self._partial)
+            if self._waiting_for and have + len(data) < self._waiting_for:
+                self._partial += data
+                return out
+            if have + len(data) < size:
+                self._partial += data
+                return out
+            head = bytes(self._partial[:size]) + data[: max(0, size - have)]
+            total = size + (self._check(int.from_bytes(head[:size], "little")) >> 2 & mask)
+            if have + len(data) < total:
+                self._partial += data
+                self._waiting_for = total
+                return out
+            self._waiting_for = 0
+            whole = bytes(self._partial) + data[: total - have]
+            self._partial.clear()
+            value = int.from_bytes(whole[:size], "little")
+            out.append(
+                Chunk(value >> (2 + lbits), bool(value & 2), bool(value & 1), memoryview(whole)[size:])
+            )
+            pos = total - have
+        mv = memoryview(data)
+        end = len(data)
         while end - pos >= size:
             value = int.from_bytes(data[pos : pos + size], "little")
             if value >= limit:
-                raise ProtocolError(
-                    FORMAT,
-                    f"chunk header 0x{value:0{2 * size}x} has unused high bits set "
-                    f"(id {self.negotiated.id_bits} bits, length {lbits} bits)",
-                )
+                self._check(value)
             length = value >> 2 & mask
             stop = pos + size + length
             if stop > end:
@@ -279,3 +308,14 @@ class Decoder:
         if pos < end:
             self._partial += mv[pos:]
         return out
+
+    def _check(self, value: int) -> int:
+        """Raise if a header sets bits beyond the negotiated widths; return it."""
+        if value >= self._limit:
+            n = self.negotiated
+            raise ProtocolError(
+                FORMAT,
+                f"chunk header 0x{value:0{2 * self._size}x} has unused high bits set "
+                f"(id {n.id_bits} bits, length {n.length_bits} bits)",
+            )
+        return value
