@@ -318,6 +318,8 @@ class MuxProtocol(asyncio.Protocol):
 
     def _on_offer(self, handle: int, name: str) -> None:
         engine = self.engine
+        if not engine.is_live(handle):
+            return  # opened and reset (or cancelled) within the same read: nothing to take
         config = self.config
         # Token bucket: a peer opening channels faster than the rate is abusive.
         now = self.loop.time()
@@ -443,7 +445,10 @@ class MuxProtocol(asyncio.Protocol):
             raise LimitExceeded(
                 f"{self.engine.format}: max_outbound_channels={config.max_outbound_channels} channels are open"
             )
-        handle = self.engine.open_channel(name)
+        try:
+            handle = self.engine.open_channel(name)
+        except RuntimeError as exc:  # e.g. every request id in flight (Streamux)
+            raise LimitExceeded(str(exc)) from None
         channel = self._new_channel(handle, self.engine.channel_name(handle), local=True)
         # Attach before the acceptance: data may follow it in the same read.
         channel._attach(protocol, reader)
@@ -735,20 +740,26 @@ class Session:
         (Streamux's request/response, usable on any format). ``limit`` bounds the answer:
         a longer one raises :class:`~polymux.exceptions.LimitExceeded`."""
         reader, writer = await self.open_channel(name)
+        done = False
         try:
             if body:
                 writer.write(body)
             writer.write_eof()
             if limit is None:
-                return await reader.read()
-            answer = await reader.read(limit + 1)
-            while len(answer) <= limit and (more := await reader.read(limit + 1 - len(answer))):
-                answer += more
-            if len(answer) > limit:
-                raise LimitExceeded(f"{self.protocol}: the answer exceeds limit={limit} bytes")
+                answer = await reader.read()
+            else:
+                answer = await reader.read(limit + 1)
+                while len(answer) <= limit and (more := await reader.read(limit + 1 - len(answer))):
+                    answer += more
+                if len(answer) > limit:
+                    raise LimitExceeded(f"{self.protocol}: the answer exceeds limit={limit} bytes")
+            done = True
             return answer
         finally:
-            writer.close()
+            if done:
+                writer.close()
+            else:
+                writer.transport.abort()  # cancelled or failed: cancel the request on the wire
 
     async def create_channel(
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], name: str = ""

@@ -91,7 +91,7 @@ class StreamuxEngine(Engine):
         self._out.append(wire.encode_init(self.ours))
         if self.ours.quick_request:
             # Quick init: the peer will take our recommended values (or fail).
-            self._set_negotiated(wire.Negotiated(self.ours.id_rec, self.ours.length_rec))
+            self._set_negotiated(wire.Negotiated(*wire.cap_bits(self.ours.id_rec, self.ours.length_rec)))
 
     @property
     def ready(self) -> bool:
@@ -138,13 +138,15 @@ class StreamuxEngine(Engine):
         if self.negotiated is None:
             self._set_negotiated(n)
             events.append(SessionReady())
-        elif n != self.negotiated:  # pragma: no cover - negotiate() fails first
+        elif n != self.negotiated:
             raise self._error(f"quick init assumed {self.negotiated}, negotiation gave {n}")
 
     def receive_eof(self) -> None:
         """The peer closed the connection: a chunk cut in half is a protocol error."""
         self.closed = True
-        pending = self._decoder.pending if self._decoder else len(self._init_buf)
+        pending = (self._decoder.pending if self._decoder else 0) + (
+            len(self._init_buf) if self.theirs is None else 0
+        )
         if pending:
             raise ProtocolError(
                 self.format, f"connection ended inside a chunk ({pending} bytes of it received)"

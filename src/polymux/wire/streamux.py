@@ -34,6 +34,7 @@ __all__ = [
     "InitMessage",
     "Negotiated",
     "NegotiationError",
+    "cap_bits",
     "decode_init",
     "encode_header",
     "encode_init",
@@ -183,6 +184,18 @@ def _negotiate_one(
     return min(max(rec, lo), hi)
 
 
+def cap_bits(id_bits: int, length_bits: int) -> tuple[int, int]:
+    """Bring id + length bits down to 30: both over 15 become 15, else the larger one
+    becomes 30 minus the smaller."""
+    if id_bits + length_bits > 30:
+        if id_bits > 15 and length_bits > 15:
+            return 15, 15
+        if id_bits > length_bits:
+            return 30 - length_bits, length_bits
+        return id_bits, 30 - id_bits
+    return id_bits, length_bits
+
+
 def negotiate(us: InitMessage, them: InitMessage) -> Negotiated:
     """Negotiate the bit widths; both peers reach the same result (order does not matter)."""
     us.check()
@@ -209,13 +222,7 @@ def negotiate(us: InitMessage, them: InitMessage) -> Negotiated:
         (them.length_min, them.length_max, them.length_rec),
         None if quick is None else (quick.length_min, quick.length_max, quick.length_rec),
     )
-    if id_bits + length_bits > 30:
-        if id_bits > 15 and length_bits > 15:
-            id_bits = length_bits = 15
-        elif id_bits > length_bits:
-            id_bits = 30 - length_bits
-        else:
-            length_bits = 30 - id_bits
+    id_bits, length_bits = cap_bits(id_bits, length_bits)
     if length_bits == 0:
         raise NegotiationError("length bits negotiated to 0")
     return Negotiated(id_bits, length_bits)
