@@ -16,14 +16,50 @@ send and keeps the rest.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from polymux._types import BytesLike
 from polymux.engine.channel import ChannelRecord
-from polymux.engine.events import Event
+from polymux.engine.events import DataReceived, Event
 from polymux.exceptions import ProtocolError
 
 
-__all__ = ["Engine"]
+__all__ = ["DataRuns", "Engine"]
+
+
+class DataRuns:
+    """Collects consecutive data frames of one channel into one ``DataReceived`` (so the
+    I/O layer wakes a reader once per read, not once per frame). Shared by every engine.
+
+    Call :meth:`add` per data frame and :meth:`flush` before any other event is appended
+    (and at the end), so events keep the wire's order.
+    """
+
+    __slots__ = ("chunks", "events", "length", "record")
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.record: ChannelRecord | None = None
+        self.chunks: list[BytesLike] = []
+        self.length = 0
+
+    def add(self, record: ChannelRecord, payload: BytesLike, n: int) -> None:
+        """Append ``n`` bytes of ``record``'s data."""
+        if record is self.record:
+            self.chunks.append(payload)
+            self.length += n
+            return
+        if self.record is not None:
+            self.flush()
+        self.record, self.chunks, self.length = record, [payload], n
+
+    def flush(self) -> None:
+        """Emit the pending run, if any."""
+        record = self.record
+        if record is not None:
+            chunks = self.chunks
+            self.events.append(DataReceived(record.handle, chunks[0], self.length, tuple(chunks[1:])))
+            self.record = None
 
 
 class Engine(ABC):
@@ -122,9 +158,41 @@ class Engine(ABC):
     def reject_channel(self, channel: int) -> None:
         """Reject a channel the peer offered; the engine forgets it."""
 
-    @abstractmethod
     def send_credit(self, channel: int) -> int:
         """Bytes that may be sent on ``channel`` now (0 when it cannot send)."""
+        record = self._channels.get(channel)
+        if record is None or not record.accepted or record.local_end or record.remote_stopped_reading:
+            return 0
+        return record.send.available
+
+    def _writable(self, channel: int) -> ChannelRecord:
+        """The record of a channel we may send on; a local bug otherwise."""
+        record = self._record(channel)
+        if not record.accepted or record.local_end or record.remote_stopped_reading:
+            raise RuntimeError(
+                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
+            )
+        return record
+
+    def _queue_frames(self, data: BytesLike, header: Callable[[int], bytes]) -> None:
+        """Queue ``data`` as frames of at most :attr:`max_frame` bytes: ``header(size)``,
+        then a view of the payload (no copy). Full frames share one header."""
+        out = self._out
+        n = len(data)
+        step = self.max_frame
+        if n <= step:
+            out.append(header(n))
+            out.append(data)
+            return
+        view = memoryview(data)
+        full = header(step)
+        last = n - n % step
+        for off in range(0, last, step):
+            out.append(full)
+            out.append(view[off : off + step])
+        if last < n:
+            out.append(header(n - last))
+            out.append(view[last:])
 
     @abstractmethod
     def send_data(self, channel: int, data: BytesLike) -> None:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import Engine
+from polymux.engine.base import DataRuns, Engine
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
     ChannelOpened,
     ChannelReset,
-    DataReceived,
     Event,
 )
 from polymux.engine.flow import SendCredit
@@ -78,7 +77,6 @@ class MplexEngine(Engine):
         # (local origin, wire id) -> record
         self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
         self._next_id = 0
-        self._headers: dict[tuple[int, int], bytes] = {}  # (handle, length) of full frames
 
     @property
     def ready(self) -> bool:
@@ -103,9 +101,7 @@ class MplexEngine(Engine):
             raise self._error("received data after the session ended")
         events: list[Event] = []
         by_wire = self._by_wire
-        run: ChannelRecord | None = None
-        chunks: list[BytesLike] = []
-        run_len = 0
+        runs = DataRuns(events)
         try:
             for stream_id, flag, body in self._decoder.feed(data):
                 if flag == Flag.MESSAGE_INITIATOR or flag == Flag.MESSAGE_RECEIVER:
@@ -115,23 +111,12 @@ class MplexEngine(Engine):
                         continue  # unknown, or reset/closed: a benign race (documented ignore)
                     if record.remote_end:
                         raise self._error(f"data for {record.describe()} after the peer closed it")
-                    n = len(body)
-                    if not n:
-                        continue
-                    if record is not run:
-                        if run is not None:
-                            events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                        run, chunks, run_len = record, [body], n
-                    else:
-                        chunks.append(body)
-                        run_len += n
+                    if body:
+                        runs.add(record, body, len(body))
                     continue
-                if run is not None:
-                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                    run = None
+                runs.flush()
                 self._on_control(stream_id, flag, body, events)
-            if run is not None:
-                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+            runs.flush()
         except ProtocolError:
             self.closed = True
             raise
@@ -221,42 +206,12 @@ class MplexEngine(Engine):
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
         self._reset(record, "stream refused" if self.format == "multiplex" else None)
 
-    def send_credit(self, channel: int) -> int:
-        """Unlimited while the stream is open for writing (no flow control on the wire)."""
-        record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end:
-            return 0
-        return record.send.available
-
     def send_data(self, channel: int, data: BytesLike) -> None:
         """Queue ``data`` as message frames of at most :attr:`max_frame` bytes (views)."""
-        record = self._record(channel)
-        if not record.accepted or record.local_end:
-            raise RuntimeError(
-                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
-            )
-        n = len(data)
-        if not n:
-            return
-        flag = self._flags(record)[0]
-        out = self._out
-        step = self.max_frame
-        if n < step:
-            out.append(wire.encode_header(record.wire_id, flag, n))
-            out.append(data)
-            return
-        # Full frames of a stream all have the same header: build it once.
-        full = self._headers.get((record.handle, step))
-        if full is None:
-            full = self._headers[(record.handle, step)] = wire.encode_header(record.wire_id, flag, step)
-        view = memoryview(data)
-        last = n - n % step
-        for off in range(0, last, step):
-            out.append(full)
-            out.append(view[off : off + step])
-        if last < n:
-            out.append(wire.encode_header(record.wire_id, flag, n - last))
-            out.append(view[last:])
+        record = self._writable(channel)
+        if data:
+            sid, flag = record.wire_id, self._flags(record)[0]
+            self._queue_frames(data, lambda size: wire.encode_header(sid, flag, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (Close flag); the stream is gone once the peer closed too."""
@@ -296,4 +251,3 @@ class MplexEngine(Engine):
     def _forget(self, record: ChannelRecord) -> None:
         self._channels.pop(record.handle, None)
         self._by_wire.pop((record.local_origin, record.wire_id), None)
-        self._headers.pop((record.handle, self.max_frame), None)

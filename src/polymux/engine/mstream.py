@@ -23,7 +23,7 @@ import os
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import Engine
+from polymux.engine.base import DataRuns, Engine
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelAccepted,
@@ -87,7 +87,6 @@ class MStreamEngine(Engine):
         self._ack_threshold = default_ack_threshold(self.config.receive_window, self.config.ack_min)
         # Wire-id bookkeeping: (local_origin, wire id) -> handle.
         self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
-        self._full_headers: dict[int, bytes] = {}
         self._next_local_id = 0  # 0: not ready yet (v1/v2 wait for the handshake)
         self._id_step = 1
         self._max_remote_id = 0
@@ -124,10 +123,7 @@ class MStreamEngine(Engine):
         by_wire = self._by_wire
         v3 = self.version == 3
         odd = 1 if self._odd else 0
-        # Consecutive Content frames of one channel become one DataReceived (a "run").
-        run: ChannelRecord | None = None
-        chunks: list[BytesLike] = []
-        run_len = 0
+        runs = DataRuns(events)
         try:
             for item in self._decoder.feed(data):
                 # Fast path: Content for a live channel that may receive.
@@ -147,26 +143,16 @@ class MStreamEngine(Engine):
                         n = len(payload)
                         if record.recv is not None and not record.recv.received(n):
                             raise self._overrun(record, n)
-                        if not n:
-                            continue
-                        if record is not run:
-                            if run is not None:
-                                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                            run, chunks, run_len = record, [payload], n
-                        else:
-                            chunks.append(payload)
-                            run_len += n
+                        if n:
+                            runs.add(record, payload, n)
                         continue
-                if run is not None:
-                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                    run = None
+                runs.flush()
                 if isinstance(item, wire.Handshake):
                     self._on_handshake(item, events)
                     odd = 1 if self._odd else 0
                 else:
                     self._on_frame(item, events)
-            if run is not None:
-                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+            runs.flush()
         except ProtocolError:
             self.closed = True
             raise
@@ -374,42 +360,13 @@ class MStreamEngine(Engine):
         self._send(C.CHANNEL_TERMINATED, record, b"")
         self._forget(record)
 
-    def send_credit(self, channel: int) -> int:
-        """Bytes that may be sent on ``channel`` now."""
-        record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end or record.remote_stopped_reading:
-            return 0
-        return record.send.available
-
     def send_data(self, channel: int, data: BytesLike) -> None:
         """Queue Content frames for ``data`` (within the credit), split at
         :attr:`max_frame` bytes. Payloads are views of ``data``, not copies."""
-        record = self._record(channel)
-        n = len(data)
-        if not record.accepted or record.local_end or record.remote_stopped_reading:
-            raise RuntimeError(
-                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
-            )
-        record.send.consume(n)
-        if n <= self.max_frame:
-            if n:
-                self._send(C.CONTENT, record, data)
-            return
-        # Bulk: every full frame of this channel has the same header; build it once.
-        full = self._full_headers.get(record.handle)
-        if full is None:
-            full = self._header(C.CONTENT, record, self.max_frame)
-            self._full_headers[record.handle] = full
-        view = memoryview(data)
-        out = self._out
-        step = self.max_frame
-        last = n - n % step
-        for off in range(0, last, step):
-            out.append(full)
-            out.append(view[off : off + step])
-        if last < n:
-            out.append(self._header(C.CONTENT, record, n - last))
-            out.append(view[last:])
+        record = self._writable(channel)
+        record.send.consume(len(data))
+        if data:
+            self._queue_frames(data, lambda size: self._header(C.CONTENT, record, size))
 
     def end_channel(self, channel: int) -> bool:
         """Send ContentWritingCompleted; terminate the channel if the peer ended too."""
@@ -472,6 +429,5 @@ class MStreamEngine(Engine):
         self._forget(record)
 
     def _forget(self, record: ChannelRecord) -> None:
-        self._full_headers.pop(record.handle, None)
         self._channels.pop(record.handle, None)
         self._by_wire.pop((record.local_origin, record.wire_id), None)

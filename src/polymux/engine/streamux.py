@@ -238,27 +238,14 @@ class StreamuxEngine(Engine):
         """Refuse a request: an empty response, and the rest of the request is dropped."""
         self._drop(self._record(channel))
 
-    def send_credit(self, channel: int) -> int:
-        """Unlimited while the message is open (no flow control on the wire)."""
-        record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end:
-            return 0
-        return record.send.available
-
     def send_data(self, channel: int, data: BytesLike) -> None:
         """Queue chunks of at most :attr:`max_frame` bytes (never empty: that is a cancel)."""
-        record = self._record(channel)
-        if not record.accepted or record.local_end:
-            raise RuntimeError(
-                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
-            )
-        n = len(data)
-        step = self.max_frame
-        view = memoryview(data) if n > step else data
-        for off in range(0, n, step):
-            size = min(step, n - off)
-            self._chunk(record.wire_id, size, response=not record.local_origin, termination=False)
-            self._out.append(view[off : off + size] if n > step else data)
+        record = self._writable(channel)
+        if data:
+            n = self.negotiated
+            assert n is not None
+            cid, response = record.wire_id, not record.local_origin
+            self._queue_frames(data, lambda size: wire.encode_header(n, cid, size, response, False))
 
     def end_channel(self, channel: int) -> bool:
         """Terminate our message (an empty termination chunk)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import Engine
+from polymux.engine.base import DataRuns, Engine
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelAccepted,
@@ -98,9 +98,7 @@ class YamuxEngine(Engine):
             raise self._error("received data after the session ended")
         events: list[Event] = []
         by_id = self._by_id
-        run: ChannelRecord | None = None
-        chunks: list[BytesLike] = []
-        run_len = 0
+        runs = DataRuns(events)
         try:
             for type_, flags, stream_id, length, body in self._decoder.feed(data):
                 if type_ == Type.DATA and not flags:
@@ -109,20 +107,11 @@ class YamuxEngine(Engine):
                     if record is not None and not record.remote_end and length:
                         if record.recv is not None and not record.recv.received(length):
                             raise self._overrun(record, length)
-                        if record is not run:
-                            if run is not None:
-                                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                            run, chunks, run_len = record, [body], length
-                        else:
-                            chunks.append(body)
-                            run_len += length
+                        runs.add(record, body, length)
                         continue
-                if run is not None:
-                    events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
-                    run = None
+                runs.flush()
                 self._on_frame(type_, flags, stream_id, length, body, events)
-            if run is not None:
-                events.append(DataReceived(run.handle, chunks[0], run_len, tuple(chunks[1:])))
+            runs.flush()
         except ProtocolError:
             self._go_away(GoAwayCode.PROTOCOL_ERROR)
             self.closed = True
@@ -248,30 +237,13 @@ class YamuxEngine(Engine):
         self._send_flags(record, Flag.RST)
         self._forget(record)
 
-    def send_credit(self, channel: int) -> int:
-        """Bytes the peer's window lets us send now."""
-        record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end:
-            return 0
-        return record.send.available
-
     def send_data(self, channel: int, data: BytesLike) -> None:
         """Queue Data frames of at most :attr:`max_frame` bytes (views of ``data``)."""
-        record = self._record(channel)
-        if not record.accepted or record.local_end:
-            raise RuntimeError(
-                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
-            )
-        n = len(data)
-        record.send.consume(n)
-        out = self._out
-        step = self.max_frame
-        view = memoryview(data) if n > step else data
-        sid = record.wire_id
-        for off in range(0, n, step):
-            size = min(step, n - off)
-            out.append(wire.encode_header(Type.DATA, 0, sid, size))
-            out.append(view[off : off + size] if n > step else data)
+        record = self._writable(channel)
+        record.send.consume(len(data))
+        if data:
+            sid = record.wire_id
+            self._queue_frames(data, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""
