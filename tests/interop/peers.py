@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
 
 import polymux
 
@@ -54,3 +58,35 @@ async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         writer.close()
         with contextlib.suppress(polymux.PolymuxError, ConnectionError):
             await writer.wait_closed()
+
+
+async def start_node(script: Path, *args: str, watchdog: float = 90.0) -> asyncio.subprocess.Process:
+    """Start one of the Node peers (``node/<script>``) with a watchdog of ``watchdog`` s."""
+    return await asyncio.create_subprocess_exec(
+        "node",
+        str(script),
+        *args,
+        "--timeout-ms",
+        str(int(watchdog * 1000)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def finish_node(proc: asyncio.subprocess.Process, limit: float = 90.0) -> dict[str, object]:
+    """Wait for a Node peer; require exit 0; return its JSON summary (last JSON line)."""
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), limit)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, f"node peer failed ({proc.returncode}):\n{err.decode()[-4000:]}"
+    result: dict[str, object] = json.loads(lines[-1]) if lines else {}
+    return result
+
+
+def unix_path() -> str:
+    """A fresh unix socket path (short, in a new temporary folder)."""
+    return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 import polymux
 
-from .peers import offer_filter, pattern, respond
+from .peers import finish_node, offer_filter, pattern, respond, start_node, unix_path
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
@@ -30,31 +28,11 @@ NAME = "name/héllo wörld/✓"
 
 
 async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "node",
-        str(node_dir / "mstream_peer.js"),
-        *args,
-        "--timeout-ms",
-        "60000",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await start_node(node_dir / "mstream_peer.js", *args, watchdog=60)
 
 
-async def _finish(proc: asyncio.subprocess.Process) -> dict[str, object]:
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, f"node peer failed ({proc.returncode}):\n{err.decode()[-4000:]}"
-    return json.loads(lines[-1]) if lines else {}
-
-
-def _unix_path() -> str:
-    return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")
+_finish = finish_node
+_unix_path = unix_path
 
 
 async def _drive(session: polymux.Session, version: int) -> None:

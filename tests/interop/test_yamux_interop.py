@@ -13,15 +13,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
 
 import polymux
 
-from .peers import pattern
+from .peers import finish_node, pattern, start_node, unix_path
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(150)]
@@ -32,31 +30,11 @@ BIG = 32 * 1024 * 1024
 
 
 async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "node",
-        str(node_dir / "yamux_peer.mjs"),
-        *args,
-        "--timeout-ms",
-        "120000",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await start_node(node_dir / "yamux_peer.mjs", *args, watchdog=120)
 
 
-async def _finish(proc: asyncio.subprocess.Process) -> dict[str, object]:
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, f"node peer failed ({proc.returncode}):\n{err.decode()[-4000:]}"
-    return json.loads(lines[-1]) if lines else {}
-
-
-def _unix_path() -> str:
-    return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")
+_finish = finish_node
+_unix_path = unix_path
 
 
 async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
