@@ -22,6 +22,8 @@
  * stdout: `LISTENING ...` (listen only), then one JSON summary line ({"ok":...}).
  *         Everything else goes to stderr (set MPLEX_PEER_DEBUG=1 for libp2p's log).
  * exit:   0 success, 1 a check failed / unexpected error, 2 bad usage, 3 watchdog.
+ * (Arguments, watchdog, transport, the libp2p adaptor, the stream and data helpers
+ * and the behaviours both peers share live in common.mjs.)
  *
  * Stream behaviours (the driver opens, the responder reacts):
  *   echo/*       echo every byte; once the remote half-closed and every echoed byte
@@ -114,246 +116,57 @@
  *     here to 256 MiB; default 4 MiB, then the stream is reset).
  */
 
-import fs from 'node:fs'
-import net from 'node:net'
-import crypto from 'node:crypto'
 import { createRequire } from 'node:module'
+import {
+	CallbackStream,
+	Libp2pStream,
+	SocketMaConn,
+	closeAndWait,
+	countAndSha256,
+	echoAll,
+	echoCheck,
+	errText,
+	failureList,
+	finalChecks,
+	halfcloseCheck,
+	libp2pMux,
+	log,
+	mibPerS,
+	openNamed,
+	pattern,
+	readNameLine,
+	runPeer,
+	settle,
+	startBehaviour,
+	startPeer,
+	streamOutcome,
+	waitClose,
+	writeSummary,
+} from './common.mjs'
 
 const require = createRequire(import.meta.url)
 
-// The libp2p packages call Promise.withResolvers() (Node >= 22).
-if (typeof Promise.withResolvers !== 'function') {
-	Promise.withResolvers = function withResolvers() {
-		let resolve, reject
-		const promise = new Promise((res, rej) => {
-			resolve = res
-			reject = rej
-		})
-		return { promise, resolve, reject }
-	}
-}
 // multiplex 6.7.0 uses `new Buffer(...)`; keep stderr readable.
 process.noDeprecation = true
 
-// ---------------------------------------------------------------- arguments
-function usage(msg) {
-	if (msg) process.stderr.write(`mplex_peer: ${msg}\n`)
-	process.stderr.write(
-		'usage: node mplex_peer.mjs --impl multiplex|libp2p --listen|--connect --tcp PORT|--unix PATH ' +
-			'--mode responder|driver [--channels N] [--size BYTES] [--big BYTES] [--timeout-ms MS]\n'
-	)
-	process.exit(2)
-}
-
-function parseArgs(argv) {
-	const o = { impl: null, role: null, tcp: null, unix: null, mode: null, channels: 32, size: 1048576, big: 5242880, timeoutMs: 60000 }
-	const intArg = (name, v) => {
-		if (v === undefined || !/^\d+$/.test(v)) usage(`${name} needs a non-negative integer`)
-		return parseInt(v, 10)
-	}
-	for (let i = 0; i < argv.length; i++) {
-		const a = argv[i]
-		switch (a) {
-			case '--impl':
-				o.impl = argv[++i]
-				break
-			case '--listen':
-			case '--connect':
-				o.role = a.slice(2)
-				break
-			case '--tcp':
-				o.tcp = intArg(a, argv[++i])
-				break
-			case '--unix':
-				o.unix = argv[++i]
-				if (!o.unix) usage('--unix needs a path')
-				break
-			case '--mode':
-				o.mode = argv[++i]
-				break
-			case '--channels':
-				o.channels = intArg(a, argv[++i])
-				break
-			case '--size':
-				o.size = intArg(a, argv[++i])
-				break
-			case '--big':
-				o.big = intArg(a, argv[++i])
-				break
-			case '--timeout-ms':
-				o.timeoutMs = intArg(a, argv[++i])
-				break
-			case '-h':
-			case '--help':
-				usage()
-				break
-			default:
-				usage(`unknown argument ${a}`)
-		}
-	}
-	if (!['multiplex', 'libp2p'].includes(o.impl)) usage('--impl must be multiplex or libp2p')
-	if (!o.role) usage('one of --listen/--connect is required')
-	if ((o.tcp === null) === (o.unix === null)) usage('exactly one of --tcp/--unix is required')
-	if (!['responder', 'driver'].includes(o.mode)) usage('--mode must be responder or driver')
-	return o
-}
-
-const opts = parseArgs(process.argv.slice(2))
-const t0 = Date.now()
-const tag = `[mplex_peer ${opts.impl} ${opts.mode}]`
-function log(...args) {
-	process.stderr.write(`${tag} +${Date.now() - t0}ms ${args.join(' ')}\n`)
-}
-function errText(e) {
-	if (e === null || e === undefined) return String(e)
-	if (e instanceof Error) return `${e.name}: ${e.message}`
-	return String(e)
-}
-
-// ---------------------------------------------------------------- process guards
-let unixPathToRemove = null
-function cleanup() {
-	if (unixPathToRemove) {
-		try {
-			fs.unlinkSync(unixPathToRemove)
-		} catch (_) {
-			/* already gone */
-		}
-		unixPathToRemove = null
-	}
-}
-
-let exiting = false
-function exit(code, msg) {
-	if (exiting) return
-	exiting = true
-	if (msg) log(msg)
-	cleanup()
-	process.exitCode = code
-	// Give stdout/stderr a moment to flush when they are pipes.
-	setTimeout(() => process.exit(code), 20).unref()
-}
-
-const watchdog = setTimeout(() => {
-	process.stderr.write(`${tag} TIMEOUT: watchdog fired after ${opts.timeoutMs} ms\n`)
-	cleanup()
-	process.exit(3)
-}, opts.timeoutMs)
-watchdog.unref()
-
-let fatalCount = 0
-process.on('unhandledRejection', e => log(`unhandled rejection (ignored): ${errText(e)}`))
-process.on('uncaughtException', e => {
-	fatalCount++
-	log(`uncaught exception: ${e && e.stack ? e.stack : errText(e)}`)
-	exit(1)
+// ---------------------------------------------------------------- arguments, process guards
+const { opts, t0, transport } = startPeer({
+	name: 'mplex_peer',
+	usage: '--impl multiplex|libp2p ',
+	defaults: { channels: 32, size: 1048576, big: 5242880, timeoutMs: 60000 },
+	stringFlags: { '--impl': 'impl' },
+	check: (o, usage) => {
+		if (!['multiplex', 'libp2p'].includes(o.impl)) usage('--impl must be multiplex or libp2p')
+	},
+	tag: o => `${o.impl} ${o.mode}`,
+	debugEnv: 'MPLEX_PEER_DEBUG',
 })
 
-// ---------------------------------------------------------------- transport
-function getSocket() {
-	return new Promise((resolve, reject) => {
-		if (opts.role === 'listen') {
-			const server = net.createServer()
-			server.once('error', reject)
-			server.once('connection', sock => {
-				server.close() // ONE connection only
-				log('accepted connection')
-				resolve(sock)
-			})
-			const onListening = () => {
-				const where = opts.unix !== null ? opts.unix : server.address().port
-				process.stdout.write(`LISTENING ${where}\n`)
-			}
-			if (opts.unix !== null) {
-				try {
-					if (fs.statSync(opts.unix).isSocket()) fs.unlinkSync(opts.unix)
-				} catch (_) {
-					/* does not exist */
-				}
-				unixPathToRemove = opts.unix
-				server.listen(opts.unix, onListening)
-			} else {
-				server.listen(opts.tcp, '127.0.0.1', onListening)
-			}
-		} else {
-			const sock = opts.unix !== null ? net.createConnection(opts.unix) : net.createConnection(opts.tcp, '127.0.0.1')
-			sock.once('error', reject)
-			sock.once('connect', () => {
-				sock.removeListener('error', reject)
-				log('connected')
-				resolve(sock)
-			})
-		}
-	})
-}
-
-function waitClose(sock, ms) {
-	return new Promise(resolve => {
-		if (sock.destroyed) return resolve(true)
-		const t = setTimeout(() => resolve(false), ms)
-		sock.once('close', () => {
-			clearTimeout(t)
-			resolve(true)
-		})
-	})
-}
-
-// ---------------------------------------------------------------- uniform stream wrapper
-/*
- * MuxStream hides the two stream APIs.  The implementation's listeners are attached in
- * the constructor (libp2p buffers data with no 'message' listener, and aborts the stream
- * past maxReadBufferLength); the application sets onData/onEnd/onError synchronously
- * right after construction, before any event can be delivered.
- *   onData(buf)   bytes from the remote
- *   onEnd()       the remote half-closed and all its data was delivered
- *   onError(err)  the stream failed: remote reset, local abort, or the connection ended
- *                 before the remote half-closed.  Called at most once, never after onEnd.
- */
-class MuxStream {
-	constructor(kind, label) {
-		this.kind = kind
-		this.label = label
-		this.onData = () => {}
-		this.onEnd = () => {}
-		this.onError = () => {}
-		this.ended = false
-		this.failed = false
-		this.localReset = false
-	}
-	_data(buf) {
-		if (this.failed) return
-		try {
-			this.onData(buf)
-		} catch (e) {
-			log(`${this.label}: onData threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
-	}
-	_end() {
-		if (this.ended || this.failed) return
-		this.ended = true
-		try {
-			this.onEnd()
-		} catch (e) {
-			log(`${this.label}: onEnd threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
-	}
-	_error(err) {
-		if (this.failed || this.localReset) return
-		this.failed = true
-		try {
-			this.onError(err)
-		} catch (e) {
-			log(`${this.label}: onError threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
-	}
-}
-
-class MultiplexStream extends MuxStream {
+// ---------------------------------------------------------------- stream wrappers
+/* (The onData/onEnd/onError contract: CallbackStream in common.mjs.) */
+class MultiplexStream extends CallbackStream {
 	constructor(ch, label) {
-		super('multiplex', label)
+		super(label)
 		this.ch = ch
 		this.name = ch.name
 		this.id = ch.channel
@@ -403,49 +216,25 @@ class MultiplexStream extends MuxStream {
 	}
 }
 
-class Libp2pStream extends MuxStream {
+class MplexStream extends Libp2pStream {
 	constructor(s, label) {
-		super('libp2p', label)
-		this.s = s
+		super(s, label)
 		this.name = s.id // "i<id>" outbound, "r<id>" inbound
-		this.id = s.streamId
-		let remoteClosed = false
-		s.addEventListener('message', e => this._data(Buffer.from(e.data.subarray())))
-		s.addEventListener('remoteCloseWrite', () => {
-			remoteClosed = true
-		})
-		// 'end' also fires on reset/abort/transport close (before 'close'): only a real
-		// remote Close counts as end of data.
-		s.addEventListener('end', () => {
-			if (remoteClosed && s.status !== 'reset' && s.status !== 'aborted') this._end()
-		})
-		s.addEventListener('close', e => {
-			if (e.error) this._error(e.error)
-			// (remote Close seen but data still buffered while paused: 'end' follows on resume)
-			else if (!this.ended && !remoteClosed) this._error(new Error(`stream closed before the remote half-closed (status ${s.status})`))
-		})
 	}
+	/**
+	 * Waits for stream.onDrain() when send() said so.  (yamux_peer.mjs needs more, a
+	 * per-stream high-water mark: yamux send windows leave data queued on a stream that
+	 * a socket drain wakes anyway.  mplex has no windows and sends whatever is queued
+	 * as the socket accepts it, so this simple wait is kept as it was.)
+	 */
 	async write(buf) {
 		if (!this.s.send(buf)) await this.s.onDrain()
-	}
-	async end() {
-		await this.s.close()
-	}
-	pause() {
-		this.s.pause()
-	}
-	resume() {
-		this.s.resume()
-	}
-	reset(msg) {
-		this.localReset = true
-		this.s.abort(new Error(msg === undefined ? 'reset' : msg))
 	}
 }
 
 // ---------------------------------------------------------------- muxer setup
 /*
- * Both return { open(name) -> Promise<MuxStream>, onStream(cb(MuxStream)), close(),
+ * Both return { open(name) -> Promise<stream>, onStream(cb(stream)), close(),
  *               fault: null | Error (connection-level failure) }.
  */
 function setupMultiplex(sock) {
@@ -477,59 +266,6 @@ function setupMultiplex(sock) {
 	return mx
 }
 
-function makeLibp2pLogger(name) {
-	const enabled = process.env.MPLEX_PEER_DEBUG === '1'
-	const out = (level, fmt, ...args) => {
-		if (!enabled) return
-		process.stderr.write(`${tag} libp2p ${level} ${name}: ${fmt} ${args.map(a => (a instanceof Error ? errText(a) : typeof a === 'object' ? JSON.stringify(a) : String(a))).join(' ')}\n`)
-	}
-	const f = (fmt, ...args) => out('log', fmt, ...args)
-	f.enabled = enabled
-	f.trace = (fmt, ...args) => out('trace', fmt, ...args)
-	f.error = (fmt, ...args) => out('error', fmt, ...args)
-	f.newScope = scope => makeLibp2pLogger(`${name}:${scope}`)
-	return f
-}
-
-/**
- * The MultiaddrConnection the muxer needs: an EventTarget with 'message' (evt.data),
- * 'drain' and 'close' events, send(Uint8ArrayList) -> boolean, abort(err), close(), log.
- * (What @libp2p/tcp's unexported socket-to-conn does, minus multiaddrs and metrics.)
- */
-class SocketMaConn extends EventTarget {
-	constructor(sock) {
-		super()
-		this.sock = sock
-		this.log = makeLibp2pLogger('maconn')
-		this.status = 'open'
-		sock.on('data', buf => {
-			const e = new Event('message')
-			e.data = buf
-			this.dispatchEvent(e)
-		})
-		sock.on('drain', () => this.dispatchEvent(new Event('drain')))
-		sock.on('close', () => {
-			this.status = 'closed'
-			this.dispatchEvent(new Event('close'))
-		})
-	}
-	send(list) {
-		if (this.sock.destroyed || this.sock.writableEnded) return false
-		let ok = true
-		this.sock.cork()
-		for (const b of list) ok = this.sock.write(b)
-		this.sock.uncork()
-		return ok
-	}
-	abort(err) {
-		log(`connection aborted by the muxer: ${errText(err)}`)
-		this.sock.destroy()
-	}
-	async close() {
-		this.sock.end()
-	}
-}
-
 async function setupLibp2p(sock) {
 	const { mplex } = await import('@libp2p/mplex')
 	const big = 1_000_000
@@ -542,292 +278,101 @@ async function setupLibp2p(sock) {
 		streamOptions: { maxReadBufferLength: 256 << 20 },
 		// maxMessageSize stays at its default 1 MiB: it is the wire limit both ways.
 	})()
+	// No direction (@libp2p/mplex does not read it), no taps, destroy() on abort.
 	const maConn = new SocketMaConn(sock)
 	const muxer = factory.createStreamMuxer(maConn)
-	const mx = {
-		fault: null,
-		muxer,
-		onStream(cb) {
-			muxer.addEventListener('stream', evt => {
-				const s = evt.detail
-				cb(new Libp2pStream(s, `stream ${s.id}`))
-			})
-		},
-		async open(name) {
-			const s = await muxer.createStream()
-			return new Libp2pStream(s, `stream ${s.id} ${JSON.stringify(name)}`)
-		},
-		async close() {
-			await muxer.close().catch(e => log(`muxer.close: ${errText(e)}`))
-			await maConn.close()
-		},
-	}
-	// A connection-level failure (decode error, rate limit) aborts every stream.
-	const origAbort = muxer.abort.bind(muxer)
-	muxer.abort = err => {
-		if (muxer.status !== 'closed') {
-			mx.fault = err
-			log(`muxer aborted: ${errText(err)}`)
-		}
-		origAbort(err)
-	}
-	return mx
-}
-
-// ---------------------------------------------------------------- data helpers
-function pattern(i, size) {
-	const b = Buffer.allocUnsafe(size)
-	const base = (i * 7) & 0xff
-	for (let j = 0; j < size; j++) b[j] = (j * 31 + base) & 0xff
-	return b
-}
-
-function firstDiff(a, b) {
-	const n = Math.min(a.length, b.length)
-	for (let k = 0; k < n; k++) if (a[k] !== b[k]) return k
-	return a.length === b.length ? -1 : n
-}
-
-async function writeAll(w, buf, chunkSize = 65536) {
-	for (let off = 0; off < buf.length; off += chunkSize) {
-		await w.write(buf.subarray(off, Math.min(off + chunkSize, buf.length)))
-	}
-}
-
-/** Promise of all bytes until the remote half-closes; rejects if the stream fails. */
-function collect(w) {
-	const chunks = []
-	let n = 0
-	return new Promise((resolve, reject) => {
-		w.onData = c => {
-			chunks.push(c)
-			n += c.length
-		}
-		w.onEnd = () => resolve(Buffer.concat(chunks, n))
-		w.onError = e => {
-			e.partial = Buffer.concat(chunks, n)
-			reject(e)
-		}
-	})
+	// A connection-level failure (decode error, rate limit) aborts every stream: mx.fault.
+	return libp2pMux(muxer, maConn, { wrap: (s, label) => new MplexStream(s, label), idOf: s => s.id })
 }
 
 // ---------------------------------------------------------------- responder
 async function runResponder(mx, sock) {
-	const failures = []
+	const { failures, fail } = failureList()
 	const handled = { echo: 0, name: 0, halfclose: 0, error: 0, big: 0, unknown: 0 }
 	const names = [] // what arrived, for the summary
 	const open = new Set() // behaviours that have not finished their side yet
-	const fail = msg => {
-		failures.push(msg)
-		log(`FAIL: ${msg}`)
+	const finish = w => open.delete(w)
+
+	// The behaviours only this peer has (echo, halfclose, big: common.mjs).
+	const special = {
+		name: ({ w, replyAndEnd }) => {
+			handled.name++
+			replyAndEnd(w.name)
+			return { onData: () => {}, onEnd: () => {} }
+		},
+		error: ({ w, label, rest: msg, done }) => {
+			handled.error++
+			w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
+			w.reset(msg)
+			done(`reset with Error(${JSON.stringify(msg)})`)
+		},
 	}
 
-	function startBehaviour(w, name, firstData) {
+	function start(w, name, firstData) {
 		const label = opts.impl === 'libp2p' ? `${w.label} ${JSON.stringify(name)}` : w.label
-		const slash = name.indexOf('/')
-		const kind = slash >= 0 ? name.slice(0, slash) : name
 		names.push(opts.impl === 'libp2p' ? { line: name, id: w.name } : name)
-		log(`${label}: ${kind}`)
-		const done = what => {
-			open.delete(w)
-			log(`${label}: ${what}`)
-		}
-		const unexpected = e => {
-			open.delete(w)
-			fail(`${label}: stream failed: ${errText(e)}`)
-		}
-		const replyAndEnd = text =>
-			w
-				.write(Buffer.from(text, 'utf8'))
-				.then(() => w.end())
-				.then(
-					() => done(`replied ${JSON.stringify(text.length > 80 ? text.slice(0, 80) + '...' : text)} and half-closed`),
-					unexpected
-				)
-		let onData
-		let onEnd
-		switch (kind) {
-			case 'echo': {
-				handled.echo++
-				let bytes = 0
-				let chain = Promise.resolve()
-				let pending = 0
-				let paused = false
-				onData = chunk => {
-					bytes += chunk.length
-					pending++
-					chain = chain.then(() => w.write(chunk)).finally(() => {
-						pending--
-						if (paused && pending === 0 && !w.failed) {
-							paused = false
-							try {
-								w.resume()
-							} catch (e) {
-								log(`${label}: resume: ${errText(e)}`)
-							}
-						}
-					})
-					chain.catch(() => {})
-					// Stop reading this stream while our writes wait for the transport.
-					if (pending > 4 && !paused && !w.ended) {
-						paused = true
-						try {
-							w.pause()
-						} catch (_) {
-							paused = false
-						}
-					}
-				}
-				onEnd = () => {
-					log(`${label}: remote half-closed after ${bytes} bytes`)
-					chain.then(() => w.end()).then(() => done(`echoed ${bytes} bytes and half-closed`), unexpected)
-				}
-				break
-			}
-			case 'name': {
-				handled.name++
-				onData = () => {}
-				onEnd = () => {}
-				replyAndEnd(w.name)
-				break
-			}
-			case 'halfclose': {
-				handled.halfclose++
-				let bytes = 0
-				onData = c => (bytes += c.length)
-				onEnd = () => replyAndEnd(String(bytes))
-				break
-			}
-			case 'big': {
-				handled.big++
-				let bytes = 0
-				const h = crypto.createHash('sha256')
-				onData = c => {
-					bytes += c.length
-					h.update(c)
-				}
-				onEnd = () => replyAndEnd(`${bytes} ${h.digest('hex')}`)
-				break
-			}
-			case 'error': {
-				handled.error++
-				const msg = name.slice(slash + 1)
-				w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
-				w.reset(msg)
-				done(`reset with Error(${JSON.stringify(msg)})`)
-				return
-			}
-			default: {
-				handled.unknown++
-				w.reset(`unknown behaviour ${name}`)
-				done('unknown behaviour: reset')
-				return
-			}
-		}
-		w.onData = onData
-		w.onEnd = onEnd
-		w.onError = unexpected
-		if (firstData && firstData.length) onData(firstData)
+		startBehaviour(w, name, firstData, {
+			label,
+			handled,
+			special,
+			done: what => {
+				finish(w)
+				log(`${label}: ${what}`)
+			},
+			unexpected: e => {
+				finish(w)
+				fail(`${label}: stream failed: ${errText(e)}`)
+			},
+		})
 	}
 
 	mx.onStream(w => {
 		open.add(w)
-		if (opts.impl === 'multiplex') {
-			startBehaviour(w, String(w.name), null)
-			return
-		}
+		if (opts.impl === 'multiplex') start(w, String(w.name), null)
 		// libp2p: the name is the first line of the stream's data.
-		const parts = []
-		let n = 0
-		w.onData = c => {
-			parts.push(c)
-			n += c.length
-			const buf = Buffer.concat(parts, n)
-			const nl = buf.indexOf(0x0a)
-			if (nl < 0) {
-				if (n > 65536) {
-					w.reset('no name line')
-					open.delete(w)
-					fail(`${w.label}: no newline in the first ${n} bytes`)
-				}
-				return
-			}
-			startBehaviour(w, buf.subarray(0, nl).toString('utf8'), buf.subarray(nl + 1))
-		}
-		w.onEnd = () => {
-			open.delete(w)
-			fail(`${w.label}: remote half-closed before sending a name line (${n} bytes)`)
-		}
-		w.onError = e => {
-			open.delete(w)
-			fail(`${w.label}: stream failed before its name line: ${errText(e)}`)
-		}
+		else readNameLine(w, (name, rest) => start(w, name, rest), finish, fail)
 	})
 
 	await waitClose(sock, 1e9)
 	log('connection closed')
 	await new Promise(r => setTimeout(r, 10)) // let close events run
-	if (mx.fault) fail(`connection fault: ${errText(mx.fault)}`)
-	if (fatalCount) fail(`${fatalCount} handler exception(s)`)
+	finalChecks(mx, fail)
 	const unfinished = [...open].map(w => w.label)
 	if (unfinished.length) log(`streams not finished when the connection ended: ${unfinished.join(', ')}`)
 	const summary = {
 		ok: failures.length === 0,
 		mode: 'responder',
 		impl: opts.impl,
-		transport: opts.unix !== null ? 'unix' : 'tcp',
+		transport,
 		handled,
 		names,
 		unfinished,
 		failures,
 		elapsed_ms: Date.now() - t0,
 	}
-	process.stdout.write(JSON.stringify(summary) + '\n')
+	writeSummary(summary)
 	return summary.ok
 }
 
 // ---------------------------------------------------------------- driver
 async function runDriver(mx, sock) {
-	const failures = []
-	const fail = msg => {
-		failures.push(msg)
-		log(`FAIL: ${msg}`)
-	}
+	const { failures, fail } = failureList()
 	const result = {
 		ok: false,
 		mode: 'driver',
 		impl: opts.impl,
-		transport: opts.unix !== null ? 'unix' : 'tcp',
+		transport,
 		channels: opts.channels,
 		size: opts.size,
 		big: opts.big,
 	}
 	const libp2p = opts.impl === 'libp2p'
-
-	/** Opens a stream, attaches the collector at once, writes the name line in libp2p mode. */
-	async function openNamed(name) {
-		const w = await mx.open(name)
-		const received = collect(w)
-		received.catch(() => {})
-		if (libp2p) await w.write(Buffer.from(name + '\n', 'utf8'))
-		return { w, received }
-	}
-
-	async function echoStream(i) {
-		const name = `echo/${i}`
-		const data = pattern(i, opts.size)
-		const { w, received } = await openNamed(name)
-		await writeAll(w, data)
-		await w.end()
-		const got = await received
-		const d = firstDiff(data, got)
-		if (d !== -1) throw new Error(`${name}: echo mismatch: sent ${data.length} got ${got.length} bytes, first difference at offset ${d}`)
-		return got.length
-	}
+	// libp2p mode: every stream starts with its name line (see the header).
+	const open = name => openNamed(mx, name, libp2p)
 
 	async function nameStream() {
 		const name = 'name/héllo wörld/✓'
-		const { w, received } = await openNamed(name)
+		const { w, received } = await open(name)
 		await w.end()
 		const reply = (await received).toString('utf8')
 		const out = { sent: name, sent_as: libp2p ? w.name : name, reply, carried: reply === name }
@@ -836,29 +381,10 @@ async function runDriver(mx, sock) {
 		return out
 	}
 
-	async function halfcloseStream() {
-		const { w, received } = await openNamed('halfclose/x')
-		await writeAll(w, pattern(99, 300000))
-		await w.end()
-		const got = (await received).toString('utf8')
-		if (got !== '300000') throw new Error(`halfclose reply ${JSON.stringify(got)} !== "300000"`)
-		return got
-	}
-
 	async function errorStream() {
 		const name = 'error/boom from python'
-		const { w, received } = await openNamed(name)
-		const out = { outcome: null, error_name: null, message: null, bytes: 0 }
-		try {
-			const got = await received
-			out.outcome = 'ended'
-			out.bytes = got.length
-		} catch (e) {
-			out.outcome = 'error'
-			out.error_name = e && e.name
-			out.message = e && e.message
-			out.bytes = e && e.partial ? e.partial.length : 0
-		}
+		const { received } = await open(name)
+		const out = await streamOutcome(received, { outcome: null, error_name: null, message: null, bytes: 0 })
 		log(`error: ${JSON.stringify(out)}`)
 		if (out.outcome !== 'error') throw new Error(`error/: expected the stream to fail, got ${JSON.stringify(out)}`)
 		if (!libp2p && out.message !== 'boom from python') {
@@ -870,8 +396,8 @@ async function runDriver(mx, sock) {
 	async function bigStream() {
 		const t = Date.now()
 		const data = pattern(99, opts.big)
-		const expected = `${data.length} ${crypto.createHash('sha256').update(data).digest('hex')}`
-		const { w, received } = await openNamed('big/x')
+		const expected = countAndSha256(data)
+		const { w, received } = await open('big/x')
 		await w.write(data) // ONE write
 		await w.end()
 		const reply = (await received).toString('utf8')
@@ -879,58 +405,34 @@ async function runDriver(mx, sock) {
 		return { reply, ms: Date.now() - t }
 	}
 
-	const named = (label, p) =>
-		p.then(
-			v => ({ ok: true, v }),
-			e => {
-				fail(`${label}: ${errText(e)}`)
-				return { ok: false, v: null }
-			}
-		)
-
-	const tEcho = Date.now()
-	const echoes = []
-	for (let i = 0; i < opts.channels; i++) echoes.push(named(`echo/${i}`, echoStream(i)))
-	const echoAll = Promise.all(echoes).then(r => ({ r, ms: Date.now() - tEcho }))
 	const [echoRes, nameRes, hcRes, errRes, bigRes] = await Promise.all([
-		echoAll,
-		named('name', nameStream()),
-		named('halfclose', halfcloseStream()),
-		named('error', errorStream()),
-		named('big', bigStream()),
+		echoAll(opts.channels, i => echoCheck(open, i, opts.size).then(r => r.bytes), fail),
+		settle('name', nameStream(), fail),
+		settle('halfclose', halfcloseCheck(open), fail),
+		settle('error', errorStream(), fail),
+		settle('big', bigStream(), fail),
 	])
 
 	result.echo_ok = echoRes.r.filter(x => x.ok).length
 	result.echo_ms = echoRes.ms
-	result.echo_mib_per_s = +((2 * opts.channels * opts.size) / 1048576 / (Math.max(1, echoRes.ms) / 1000)).toFixed(2)
+	result.echo_mib_per_s = mibPerS(2 * opts.channels * opts.size, echoRes.ms)
 	result.name = nameRes.v
 	result.halfclose_reply = hcRes.v
 	result.error_stream = errRes.v
 	result.big = bigRes.v
-	if (mx.fault) fail(`connection fault: ${errText(mx.fault)}`)
-	if (fatalCount) fail(`${fatalCount} handler exception(s)`)
+	finalChecks(mx, fail)
 	result.elapsed_ms = Date.now() - t0
 	result.ok = failures.length === 0
 	result.failures = failures
-	process.stdout.write(JSON.stringify(result) + '\n')
+	writeSummary(result)
 
-	await mx.close()
-	if (!(await waitClose(sock, 2000))) {
-		log('remote did not close within 2 s; destroying socket')
-		sock.destroy()
-	}
+	await closeAndWait(mx, sock)
 	return result.ok
 }
 
 // ---------------------------------------------------------------- main
-async function main() {
-	const sock = await getSocket()
-	sock.setNoDelay && sock.setNoDelay(true)
-	sock.on('error', e => log(`socket error: ${errText(e)}`))
+runPeer(async sock => {
 	const mx = opts.impl === 'multiplex' ? setupMultiplex(sock) : await setupLibp2p(sock)
 	log(`${opts.impl} muxer ready`)
-	const ok = opts.mode === 'responder' ? await runResponder(mx, sock) : await runDriver(mx, sock)
-	exit(ok ? 0 : 1, ok ? 'success' : 'FAILED')
-}
-
-main().catch(e => exit(1, `fatal: ${e && e.stack ? e.stack : errText(e)}`))
+	return opts.mode === 'responder' ? await runResponder(mx, sock) : await runDriver(mx, sock)
+})

@@ -25,6 +25,8 @@
  *         each direction (decoded by a tap independent of the package), pings with
  *         their opaque values, GoAway codes, window-update deltas, largest data frame.
  * exit:   0 success, 1 a check failed / unexpected error, 2 bad usage, 3 watchdog.
+ * (Arguments, watchdog, transport, the libp2p adaptor, the stream and data helpers
+ * and the behaviours both peers share live in common.mjs.)
  *
  * Stream names: yamux has none.  The OPENING side writes a first line `<name>\n`
  * (UTF-8) on every stream; the responder strips it and reacts by the name:
@@ -106,180 +108,42 @@
  *     FIN, RST) are dropped silently, no RST.
  */
 
-import fs from 'node:fs'
-import net from 'node:net'
-import crypto from 'node:crypto'
+import {
+	Libp2pStream,
+	SocketMaConn,
+	closeAndWait,
+	countAndSha256,
+	echoAll,
+	echoCheck,
+	errText,
+	failureList,
+	finalChecks,
+	halfcloseCheck,
+	libp2pMux,
+	log,
+	mibPerS,
+	openNamed,
+	pattern,
+	peer,
+	readNameLine,
+	runPeer,
+	settle,
+	startBehaviour,
+	startPeer,
+	streamOutcome,
+	waitClose,
+	writeAll,
+	writeSummary,
+} from './common.mjs'
 
-// The libp2p packages call Promise.withResolvers() (Node >= 22).
-if (typeof Promise.withResolvers !== 'function') {
-	Promise.withResolvers = function withResolvers() {
-		let resolve, reject
-		const promise = new Promise((res, rej) => {
-			resolve = res
-			reject = rej
-		})
-		return { promise, resolve, reject }
-	}
-}
-
-// ---------------------------------------------------------------- arguments
-function usage(msg) {
-	if (msg) process.stderr.write(`yamux_peer: ${msg}\n`)
-	process.stderr.write(
-		'usage: node yamux_peer.mjs --listen|--connect --tcp PORT|--unix PATH ' +
-			'--mode responder|driver [--channels N] [--size BYTES] [--big BYTES] [--timeout-ms MS]\n'
-	)
-	process.exit(2)
-}
-
-function parseArgs(argv) {
-	const o = { role: null, tcp: null, unix: null, mode: null, channels: 64, size: 1048576, big: 33554432, timeoutMs: 90000 }
-	const intArg = (name, v) => {
-		if (v === undefined || !/^\d+$/.test(v)) usage(`${name} needs a non-negative integer`)
-		return parseInt(v, 10)
-	}
-	for (let i = 0; i < argv.length; i++) {
-		const a = argv[i]
-		switch (a) {
-			case '--listen':
-			case '--connect':
-				o.role = a.slice(2)
-				break
-			case '--tcp':
-				o.tcp = intArg(a, argv[++i])
-				break
-			case '--unix':
-				o.unix = argv[++i]
-				if (!o.unix) usage('--unix needs a path')
-				break
-			case '--mode':
-				o.mode = argv[++i]
-				break
-			case '--channels':
-				o.channels = intArg(a, argv[++i])
-				break
-			case '--size':
-				o.size = intArg(a, argv[++i])
-				break
-			case '--big':
-				o.big = intArg(a, argv[++i])
-				break
-			case '--timeout-ms':
-				o.timeoutMs = intArg(a, argv[++i])
-				break
-			case '-h':
-			case '--help':
-				usage()
-				break
-			default:
-				usage(`unknown argument ${a}`)
-		}
-	}
-	if (!o.role) usage('one of --listen/--connect is required')
-	if ((o.tcp === null) === (o.unix === null)) usage('exactly one of --tcp/--unix is required')
-	if (!['responder', 'driver'].includes(o.mode)) usage('--mode must be responder or driver')
-	return o
-}
-
-const opts = parseArgs(process.argv.slice(2))
-const t0 = Date.now()
-const tag = `[yamux_peer ${opts.role === 'listen' ? 'server' : 'client'} ${opts.mode}]`
-function log(...args) {
-	process.stderr.write(`${tag} +${Date.now() - t0}ms ${args.join(' ')}\n`)
-}
-function errText(e) {
-	if (e === null || e === undefined) return String(e)
-	if (e instanceof Error) return `${e.name}: ${e.message}`
-	return String(e)
-}
-
-// ---------------------------------------------------------------- process guards
-let unixPathToRemove = null
-function cleanup() {
-	if (unixPathToRemove) {
-		try {
-			fs.unlinkSync(unixPathToRemove)
-		} catch (_) {
-			/* already gone */
-		}
-		unixPathToRemove = null
-	}
-}
-
-let exiting = false
-function exit(code, msg) {
-	if (exiting) return
-	exiting = true
-	if (msg) log(msg)
-	cleanup()
-	process.exitCode = code
-	// Give stdout/stderr a moment to flush when they are pipes.
-	setTimeout(() => process.exit(code), 20).unref()
-}
-
-const watchdog = setTimeout(() => {
-	process.stderr.write(`${tag} TIMEOUT: watchdog fired after ${opts.timeoutMs} ms\n`)
-	cleanup()
-	process.exit(3)
-}, opts.timeoutMs)
-watchdog.unref()
-
-let fatalCount = 0
-process.on('unhandledRejection', e => log(`unhandled rejection (ignored): ${errText(e)}`))
-process.on('uncaughtException', e => {
-	fatalCount++
-	log(`uncaught exception: ${e && e.stack ? e.stack : errText(e)}`)
-	exit(1)
+// ---------------------------------------------------------------- arguments, process guards
+const { opts, t0, tag, transport } = startPeer({
+	name: 'yamux_peer',
+	defaults: { channels: 64, size: 1048576, big: 33554432, timeoutMs: 90000 },
+	tag: o => `${o.role === 'listen' ? 'server' : 'client'} ${o.mode}`,
+	debugEnv: 'YAMUX_PEER_DEBUG',
 })
-
-// ---------------------------------------------------------------- transport
-function getSocket() {
-	return new Promise((resolve, reject) => {
-		if (opts.role === 'listen') {
-			const server = net.createServer()
-			server.once('error', reject)
-			server.once('connection', sock => {
-				server.close() // ONE connection only
-				log('accepted connection')
-				resolve(sock)
-			})
-			const onListening = () => {
-				const where = opts.unix !== null ? opts.unix : server.address().port
-				process.stdout.write(`LISTENING ${where}\n`)
-			}
-			if (opts.unix !== null) {
-				try {
-					if (fs.statSync(opts.unix).isSocket()) fs.unlinkSync(opts.unix)
-				} catch (_) {
-					/* does not exist */
-				}
-				unixPathToRemove = opts.unix
-				server.listen(opts.unix, onListening)
-			} else {
-				server.listen(opts.tcp, '127.0.0.1', onListening)
-			}
-		} else {
-			const sock = opts.unix !== null ? net.createConnection(opts.unix) : net.createConnection(opts.tcp, '127.0.0.1')
-			sock.once('error', reject)
-			sock.once('connect', () => {
-				sock.removeListener('error', reject)
-				log('connected')
-				resolve(sock)
-			})
-		}
-	})
-}
-
-function waitClose(sock, ms) {
-	return new Promise(resolve => {
-		if (sock.destroyed) return resolve(true)
-		const t = setTimeout(() => resolve(false), ms)
-		sock.once('close', () => {
-			clearTimeout(t)
-			resolve(true)
-		})
-	})
-}
+const role = opts.role === 'listen' ? 'server' : 'client'
 
 // ---------------------------------------------------------------- wire tap
 /*
@@ -390,6 +254,7 @@ class FrameTap {
 	}
 }
 
+
 // ---------------------------------------------------------------- stream wrapper
 const WRITE_HIGH = 256 * 1024 // bytes queued on one stream before write() waits
 const allStreams = [] // every YStream, for the late-data check
@@ -400,52 +265,22 @@ function lateDataFailures() {
 		.map(w => `${w.label}: ${w.lateBytes} bytes arrived after the remote FIN (a Data frame with FIN and payload: the package ends the stream before delivering the payload, its async iterator loses it; send FIN on a separate empty frame)`)
 }
 /*
- * The package's listeners are attached in the constructor (libp2p buffers data with no
- * 'message' listener, and aborts the stream past maxReadBufferLength); the application
- * sets onData/onEnd/onError synchronously right after construction.
- *   onData(buf)   bytes from the remote
- *   onEnd()       the remote half-closed and all its data was delivered
- *   onError(err)  the stream failed: remote reset, local abort, or the connection (or a
- *                 received GoAway) ended it before the remote half-closed.  Called at
- *                 most once, never after onEnd.
+ * The onData/onEnd/onError contract: CallbackStream in common.mjs.  Here onError also
+ * covers a stream that a received GoAway ended before the remote half-closed.  On top of
+ * Libp2pStream: data after the remote FIN is counted (lateBytes) instead of delivered,
+ * and write() waits on a per-stream high-water mark.
  */
-class YStream {
+class YStream extends Libp2pStream {
 	constructor(s, label) {
-		this.s = s
-		this.label = label
-		this.id = s.streamId
-		this.onData = () => {}
-		this.onEnd = () => {}
-		this.onError = () => {}
-		this.ended = false
-		this.failed = false
-		this.localReset = false
+		super(s, label)
 		this.maxWriteBuffer = 0
 		this.lateBytes = 0 // data delivered after the remote FIN (see _data)
 		allStreams.push(this)
-		let remoteClosed = false
-		s.addEventListener('message', e => this._data(Buffer.from(e.data.subarray())))
-		s.addEventListener('remoteCloseWrite', () => {
-			remoteClosed = true
-		})
-		// 'end' also fires on reset/abort/transport close (before 'close'): only a real
-		// remote FIN counts as end of data.
-		s.addEventListener('end', () => {
-			if (remoteClosed && s.status !== 'reset' && s.status !== 'aborted') this._end()
-		})
-		s.addEventListener('close', e => {
-			if (e.error) this._error(e.error)
-			// (remote FIN seen but data still buffered while paused: 'end' follows on resume)
-			else if (!this.ended && !remoteClosed) {
-				this._error(
-					new Error(
-						goAwayReceived === 0
-							? 'stream closed locally by the package because GoAway(0) arrived (nothing is sent for it: no FIN, no RST)'
-							: `stream closed before the remote half-closed (status ${s.status})`
-					)
-				)
-			}
-		})
+	}
+	_closedEarlyError() {
+		return goAwayReceived === 0
+			? new Error('stream closed locally by the package because GoAway(0) arrived (nothing is sent for it: no FIN, no RST)')
+			: super._closedEarlyError()
 	}
 	_data(buf) {
 		if (this.ended) {
@@ -455,33 +290,7 @@ class YStream {
 			this.lateBytes += buf.length
 			return
 		}
-		if (this.failed) return
-		try {
-			this.onData(buf)
-		} catch (e) {
-			log(`${this.label}: onData threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
-	}
-	_end() {
-		if (this.ended || this.failed) return
-		this.ended = true
-		try {
-			this.onEnd()
-		} catch (e) {
-			log(`${this.label}: onEnd threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
-	}
-	_error(err) {
-		if (this.failed || this.localReset) return
-		this.failed = true
-		try {
-			this.onError(err)
-		} catch (e) {
-			log(`${this.label}: onError threw: ${e && e.stack ? e.stack : errText(e)}`)
-			fatalCount++
-		}
+		super._data(buf)
 	}
 	/**
 	 * Resolves once the stream can take more.  send() returns false when the send
@@ -521,91 +330,9 @@ class YStream {
 			this.s.addEventListener('close', onClose)
 		})
 	}
-	/** Half-close: FIN after all queued data. */
-	async end() {
-		await this.s.close()
-	}
-	pause() {
-		this.s.pause()
-	}
-	resume() {
-		this.s.resume()
-	}
-	reset(msg) {
-		this.localReset = true
-		this.s.abort(new Error(msg === undefined ? 'reset' : msg))
-	}
 }
 
 // ---------------------------------------------------------------- muxer setup
-function makeLibp2pLogger(name) {
-	const enabled = process.env.YAMUX_PEER_DEBUG === '1'
-	const out = (level, fmt, ...args) => {
-		if (!enabled) return
-		process.stderr.write(`${tag} libp2p ${level} ${name}: ${fmt} ${args.map(a => (a instanceof Error ? errText(a) : typeof a === 'object' ? JSON.stringify(a) : String(a))).join(' ')}\n`)
-	}
-	const f = (fmt, ...args) => out('log', fmt, ...args)
-	f.enabled = enabled
-	f.trace = (fmt, ...args) => out('trace', fmt, ...args)
-	f.error = (fmt, ...args) => out('error', fmt, ...args)
-	f.newScope = scope => makeLibp2pLogger(`${name}:${scope}`)
-	return f
-}
-
-/**
- * The MultiaddrConnection the muxer needs: an EventTarget with 'message' (evt.data),
- * 'drain' and 'close' events, send(Uint8ArrayList | Uint8Array) -> boolean, abort(err), close(), log,
- * and `direction` ('outbound' makes the yamux muxer a client: odd ids).
- * (What @libp2p/tcp's unexported socket-to-conn does, minus multiaddrs and metrics.)
- */
-class SocketMaConn extends EventTarget {
-	constructor(sock, direction, rxTap, txTap) {
-		super()
-		this.sock = sock
-		this.direction = direction
-		this.rxTap = rxTap
-		this.txTap = txTap
-		this.log = makeLibp2pLogger('maconn')
-		this.status = 'open'
-		this.aborted = null
-		sock.on('data', buf => {
-			rxTap.feed(buf)
-			const e = new Event('message')
-			e.data = buf
-			this.dispatchEvent(e)
-		})
-		sock.on('drain', () => this.dispatchEvent(new Event('drain')))
-		sock.on('close', () => {
-			this.status = 'closed'
-			this.dispatchEvent(new Event('close'))
-		})
-	}
-	send(data) {
-		if (this.sock.destroyed || this.sock.writableEnded) return false
-		// yamux passes a Uint8ArrayList for Data frames (header + payload) and a bare
-		// Uint8Array (the 12-byte header) for the other frame types.
-		const list = data instanceof Uint8Array ? [data] : data
-		let ok = true
-		this.sock.cork()
-		for (const b of list) {
-			this.txTap.feed(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
-			ok = this.sock.write(b)
-		}
-		this.sock.uncork()
-		return ok
-	}
-	abort(err) {
-		this.aborted = err
-		log(`connection aborted by the muxer: ${errText(err)}`)
-		// end() rather than destroy(): lets the RST/GoAway frames just queued reach the peer.
-		this.sock.end()
-		setTimeout(() => this.sock.destroy(), 500).unref()
-	}
-	async close() {
-		this.sock.end()
-	}
-}
-
 async function setupYamux(sock) {
 	const { yamux } = await import('@chainsafe/libp2p-yamux')
 	const rxTap = new FrameTap('rx')
@@ -619,40 +346,17 @@ async function setupYamux(sock) {
 			maxReadBufferLength: 256 << 20,
 		},
 	})()
-	const maConn = new SocketMaConn(sock, opts.role === 'connect' ? 'outbound' : 'inbound', rxTap, txTap)
+	// 'outbound' makes the muxer the client (odd ids).  endOnAbort: see SocketMaConn.
+	const maConn = new SocketMaConn(sock, { direction: opts.role === 'connect' ? 'outbound' : 'inbound', rxTap, txTap, endOnAbort: true })
 	const muxer = factory.createStreamMuxer(maConn)
-	const mx = {
-		fault: null,
-		muxer,
-		rxTap,
-		txTap,
-		maConn,
-		goAwayReceived: null,
-		onGoAway: null,
-		onStream(cb) {
-			muxer.addEventListener('stream', evt => {
-				const s = evt.detail
-				cb(new YStream(s, `stream ${s.streamId}`))
-			})
-		},
-		async open(name) {
-			const s = await muxer.createStream()
-			return new YStream(s, `stream ${s.streamId} ${JSON.stringify(name)}`)
-		},
-		async close() {
-			await muxer.close().catch(e => log(`muxer.close: ${errText(e)}`))
-			await maConn.close()
-		},
-	}
-	// A connection-level failure (protocol error) aborts every stream.
-	const origAbort = muxer.abort.bind(muxer)
-	muxer.abort = err => {
-		if (muxer.status !== 'closed' && !(mx.goAwayReceived !== null && mx.goAwayReceived !== 0)) {
-			mx.fault = err
-			log(`muxer aborted: ${errText(err)}`)
-		}
-		origAbort(err)
-	}
+	// A connection-level failure (protocol error) aborts every stream: mx.fault, except
+	// the aborts that follow a received GoAway(code != 0).
+	const mx = libp2pMux(muxer, maConn, {
+		wrap: (s, label) => new YStream(s, label),
+		idOf: s => s.streamId,
+		isFault: () => !(mx.goAwayReceived !== null && mx.goAwayReceived !== 0),
+	})
+	Object.assign(mx, { rxTap, txTap, maConn, goAwayReceived: null, onGoAway: null })
 	const origGoAway = muxer.handleGoAway.bind(muxer)
 	muxer.handleGoAway = code => {
 		log(`GoAway(${code}) received`)
@@ -663,57 +367,16 @@ async function setupYamux(sock) {
 	return mx
 }
 
-// ---------------------------------------------------------------- data helpers
-function pattern(i, size) {
-	const b = Buffer.allocUnsafe(size)
-	const base = (i * 7) & 0xff
-	for (let j = 0; j < size; j++) b[j] = (j * 31 + base) & 0xff
-	return b
-}
-
-function firstDiff(a, b) {
-	const n = Math.min(a.length, b.length)
-	for (let k = 0; k < n; k++) if (a[k] !== b[k]) return k
-	return a.length === b.length ? -1 : n
-}
-
-async function writeAll(w, buf, chunkSize = 65536) {
-	for (let off = 0; off < buf.length; off += chunkSize) {
-		await w.write(buf.subarray(off, Math.min(off + chunkSize, buf.length)))
-	}
-}
-
-/** Promise of all bytes until the remote half-closes; rejects if the stream fails. */
-function collect(w) {
-	const chunks = []
-	let n = 0
-	return new Promise((resolve, reject) => {
-		w.onData = c => {
-			chunks.push(c)
-			n += c.length
-		}
-		w.onEnd = () => resolve(Buffer.concat(chunks, n))
-		w.onError = e => {
-			e.partial = Buffer.concat(chunks, n)
-			reject(e)
-		}
-	})
-}
-
 function wireSummary(mx) {
 	return { rx: mx.rxTap.s, tx: mx.txTap.s }
 }
 
 // ---------------------------------------------------------------- responder
 async function runResponder(mx, sock) {
-	const failures = []
+	const { failures, fail } = failureList()
 	const handled = { echo: 0, halfclose: 0, error: 0, big: 0, unknown: 0 }
 	const names = [] // {line, id} in arrival order
 	const open = new Set() // behaviours that have not finished their side yet
-	const fail = msg => {
-		failures.push(msg)
-		log(`FAIL: ${msg}`)
-	}
 	let goAwayDone = null // resolves when a GoAway arrived and every stream is done
 	const allDone = new Promise(r => (goAwayDone = r))
 	const checkGoAwayDone = () => {
@@ -725,134 +388,41 @@ async function runResponder(mx, sock) {
 	}
 	mx.onGoAway = () => setTimeout(checkGoAwayDone, 0) // after the package closed its streams
 
-	function startBehaviour(w, name, firstData) {
-		const label = `${w.label} ${JSON.stringify(name)}`
-		const slash = name.indexOf('/')
-		const kind = slash >= 0 ? name.slice(0, slash) : name
-		names.push({ line: name, id: w.id })
-		log(`${label}: ${kind}`)
-		const done = what => {
-			finish(w)
-			log(`${label}: ${what}`)
-		}
-		const unexpected = e => {
-			finish(w)
-			fail(`${label}: stream failed: ${errText(e)}`)
-		}
-		const replyAndEnd = text =>
-			w
-				.write(Buffer.from(text, 'utf8'))
-				.then(() => w.end())
-				.then(
-					() => done(`replied ${JSON.stringify(text.length > 80 ? text.slice(0, 80) + '...' : text)} and half-closed`),
-					unexpected
-				)
-		let onData
-		let onEnd
-		switch (kind) {
-			case 'echo': {
-				handled.echo++
-				let bytes = 0
-				let chain = Promise.resolve()
-				let pending = 0
-				let paused = false
-				onData = chunk => {
-					bytes += chunk.length
-					pending++
-					chain = chain.then(() => w.write(chunk)).finally(() => {
-						pending--
-						if (paused && pending === 0 && !w.failed) {
-							paused = false
-							try {
-								w.resume()
-							} catch (e) {
-								log(`${label}: resume: ${errText(e)}`)
-							}
-						}
-					})
-					chain.catch(() => {})
-					// Stop reading this stream (= stop granting window) while our writes wait.
-					if (pending > 4 && !paused && !w.ended) {
-						paused = true
-						try {
-							w.pause()
-						} catch (_) {
-							paused = false
-						}
-					}
-				}
-				onEnd = () => {
-					log(`${label}: remote half-closed after ${bytes} bytes`)
-					chain.then(() => w.end()).then(() => done(`echoed ${bytes} bytes and half-closed`), unexpected)
-				}
-				break
-			}
-			case 'halfclose': {
-				handled.halfclose++
-				let bytes = 0
-				onData = c => (bytes += c.length)
-				onEnd = () => replyAndEnd(String(bytes))
-				break
-			}
-			case 'big': {
-				handled.big++
-				let bytes = 0
-				const h = crypto.createHash('sha256')
-				onData = c => {
-					bytes += c.length
-					h.update(c)
-				}
-				onEnd = () => replyAndEnd(`${bytes} ${h.digest('hex')}`)
-				break
-			}
-			case 'error': {
-				handled.error++
-				w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
-				w.reset(name)
-				done('reset (WindowUpdate|RST)')
-				return
-			}
-			default: {
-				handled.unknown++
-				w.reset(`unknown behaviour ${name}`)
-				done('unknown behaviour: reset')
-				return
-			}
-		}
-		w.onData = onData
-		w.onEnd = onEnd
-		w.onError = unexpected
-		if (firstData && firstData.length) onData(firstData)
+	// The behaviour only this peer has (echo, halfclose, big: common.mjs).
+	const special = {
+		error: ({ w, label, name, done }) => {
+			handled.error++
+			w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
+			w.reset(name)
+			done('reset (WindowUpdate|RST)')
+		},
 	}
 
+	// The name is the first line of the stream's data.
 	mx.onStream(w => {
 		open.add(w)
-		// The name is the first line of the stream's data.
-		const parts = []
-		let n = 0
-		w.onData = c => {
-			parts.push(c)
-			n += c.length
-			const buf = Buffer.concat(parts, n)
-			const nl = buf.indexOf(0x0a)
-			if (nl < 0) {
-				if (n > 65536) {
-					w.reset('no name line')
-					finish(w)
-					fail(`${w.label}: no newline in the first ${n} bytes`)
-				}
-				return
-			}
-			startBehaviour(w, buf.subarray(0, nl).toString('utf8'), buf.subarray(nl + 1))
-		}
-		w.onEnd = () => {
-			finish(w)
-			fail(`${w.label}: remote half-closed before sending a name line (${n} bytes)`)
-		}
-		w.onError = e => {
-			finish(w)
-			fail(`${w.label}: stream failed before its name line: ${errText(e)}`)
-		}
+		readNameLine(
+			w,
+			(name, firstData) => {
+				const label = `${w.label} ${JSON.stringify(name)}`
+				names.push({ line: name, id: w.id })
+				startBehaviour(w, name, firstData, {
+					label,
+					handled,
+					special,
+					done: what => {
+						finish(w)
+						log(`${label}: ${what}`)
+					},
+					unexpected: e => {
+						finish(w)
+						fail(`${label}: stream failed: ${errText(e)}`)
+					},
+				})
+			},
+			finish,
+			fail
+		)
 	})
 
 	const how = await Promise.race([waitClose(sock, 1e9).then(() => 'connection closed'), allDone.then(() => 'GoAway received and all streams done')])
@@ -866,15 +436,14 @@ async function runResponder(mx, sock) {
 	}
 	await new Promise(r => setTimeout(r, 10)) // let close events run
 	for (const f of lateDataFailures()) fail(f)
-	if (mx.fault) fail(`connection fault: ${errText(mx.fault)}`)
-	if (fatalCount) fail(`${fatalCount} handler exception(s)`)
+	finalChecks(mx, fail)
 	const unfinished = [...open].map(w => w.label)
 	if (unfinished.length) log(`streams not finished when the connection ended: ${unfinished.join(', ')}`)
 	const summary = {
 		ok: failures.length === 0,
 		mode: 'responder',
-		role: opts.role === 'listen' ? 'server' : 'client',
-		transport: opts.unix !== null ? 'unix' : 'tcp',
+		role,
+		transport,
 		ended_by: how,
 		handled,
 		names,
@@ -886,70 +455,28 @@ async function runResponder(mx, sock) {
 		wire: wireSummary(mx),
 		elapsed_ms: Date.now() - t0,
 	}
-	process.stdout.write(JSON.stringify(summary) + '\n')
+	writeSummary(summary)
 	return summary.ok
 }
 
 // ---------------------------------------------------------------- driver
 async function runDriver(mx, sock) {
-	const failures = []
-	const fail = msg => {
-		failures.push(msg)
-		log(`FAIL: ${msg}`)
-	}
+	const { failures, fail } = failureList()
 	const result = {
 		ok: false,
 		mode: 'driver',
-		role: opts.role === 'listen' ? 'server' : 'client',
-		transport: opts.unix !== null ? 'unix' : 'tcp',
+		role,
+		transport,
 		channels: opts.channels,
 		size: opts.size,
 		big: opts.big,
 	}
-
-	/** Opens a stream, attaches the collector at once, writes the name line. */
-	async function openNamed(name) {
-		const w = await mx.open(name)
-		const received = collect(w)
-		received.catch(() => {})
-		await w.write(Buffer.from(name + '\n', 'utf8'))
-		return { w, received }
-	}
-
-	async function echoStream(i) {
-		const name = `echo/${i}`
-		const data = pattern(i, opts.size)
-		const { w, received } = await openNamed(name)
-		await writeAll(w, data)
-		await w.end()
-		const got = await received
-		const d = firstDiff(data, got)
-		if (d !== -1) throw new Error(`${name}: echo mismatch: sent ${data.length} got ${got.length} bytes, first difference at offset ${d}`)
-		return { bytes: got.length, id: w.id }
-	}
-
-	async function halfcloseStream() {
-		const { w, received } = await openNamed('halfclose/x')
-		await writeAll(w, pattern(99, 300000))
-		await w.end()
-		const got = (await received).toString('utf8')
-		if (got !== '300000') throw new Error(`halfclose reply ${JSON.stringify(got)} !== "300000"`)
-		return got
-	}
+	// Every stream starts with its name line.
+	const open = name => openNamed(mx, name, true)
 
 	async function errorStream() {
-		const { w, received } = await openNamed('error/x')
-		const out = { outcome: null, error_name: null, message: null, status: null, bytes: 0 }
-		try {
-			const got = await received
-			out.outcome = 'ended'
-			out.bytes = got.length
-		} catch (e) {
-			out.outcome = 'error'
-			out.error_name = e && e.name
-			out.message = e && e.message
-			out.bytes = e && e.partial ? e.partial.length : 0
-		}
+		const { w, received } = await open('error/x')
+		const out = await streamOutcome(received, { outcome: null, error_name: null, message: null, status: null, bytes: 0 })
 		out.status = w.s.status
 		log(`error: ${JSON.stringify(out)}`)
 		if (out.outcome !== 'error') throw new Error(`error/: expected the stream to be reset, got ${JSON.stringify(out)}`)
@@ -958,9 +485,9 @@ async function runDriver(mx, sock) {
 
 	async function bigStream() {
 		const data = pattern(99, opts.big)
-		const expected = `${data.length} ${crypto.createHash('sha256').update(data).digest('hex')}`
+		const expected = countAndSha256(data)
 		const t = Date.now()
-		const { w, received } = await openNamed('big/x')
+		const { w, received } = await open('big/x')
 		await writeAll(w, data)
 		const tSent = Date.now()
 		await w.end()
@@ -971,7 +498,7 @@ async function runDriver(mx, sock) {
 			reply,
 			ms,
 			write_ms: tSent - t,
-			mib_per_s: +(data.length / 1048576 / (Math.max(1, ms) / 1000)).toFixed(2),
+			mib_per_s: mibPerS(data.length, ms),
 			max_write_buffer: w.maxWriteBuffer,
 		}
 	}
@@ -982,32 +509,19 @@ async function runDriver(mx, sock) {
 		return { rtt_ms: rtt, wall_ms: Date.now() - t }
 	}
 
-	const named = (label, p) =>
-		p.then(
-			v => ({ ok: true, v }),
-			e => {
-				fail(`${label}: ${errText(e)}`)
-				return { ok: false, v: null }
-			}
-		)
-
-	const tEcho = Date.now()
-	const echoes = []
-	for (let i = 0; i < opts.channels; i++) echoes.push(named(`echo/${i}`, echoStream(i)))
-	const echoAll = Promise.all(echoes).then(r => ({ r, ms: Date.now() - tEcho }))
 	const [echoRes, hcRes, errRes, bigRes, pingRes] = await Promise.all([
-		echoAll,
-		named('halfclose', halfcloseStream()),
-		named('error', errorStream()),
-		named('big', bigStream()),
-		named('ping', ping()),
+		echoAll(opts.channels, i => echoCheck(open, i, opts.size).then(({ w, bytes }) => ({ bytes, id: w.id })), fail),
+		settle('halfclose', halfcloseCheck(open), fail),
+		settle('error', errorStream(), fail),
+		settle('big', bigStream(), fail),
+		settle('ping', ping(), fail),
 	])
 	// One more ping once everything is quiet.
-	const pingIdle = await named('ping (idle)', ping())
+	const pingIdle = await settle('ping (idle)', ping(), fail)
 
 	result.echo_ok = echoRes.r.filter(x => x.ok).length
 	result.echo_ms = echoRes.ms
-	result.echo_mib_per_s = +((2 * opts.channels * opts.size) / 1048576 / (Math.max(1, echoRes.ms) / 1000)).toFixed(2)
+	result.echo_mib_per_s = mibPerS(2 * opts.channels * opts.size, echoRes.ms)
 	result.stream_ids = echoRes.r.filter(x => x.ok).slice(0, 4).map(x => x.v.id)
 	result.halfclose_reply = hcRes.v
 	result.error_stream = errRes.v
@@ -1020,32 +534,22 @@ async function runDriver(mx, sock) {
 	for (const f of lateDataFailures()) fail(f)
 	if (mx.fault) fail(`connection fault: ${errText(mx.fault)}`)
 	if (mx.goAwayReceived !== null) fail(`remote sent GoAway(${mx.goAwayReceived}) before the driver finished`)
-	if (fatalCount) fail(`${fatalCount} handler exception(s)`)
+	if (peer.fatalCount) fail(`${peer.fatalCount} handler exception(s)`)
 
-	await mx.close() // FIN on open streams (none left), GoAway(0)
-	if (!(await waitClose(sock, 2000))) {
-		log('remote did not close within 2 s; destroying socket')
-		sock.destroy()
-	}
+	await closeAndWait(mx, sock) // FIN on open streams (none left), GoAway(0)
 	await new Promise(r => setTimeout(r, 10))
 	result.goaway_sent = mx.txTap.s.goaway.map(g => g.code)
 	result.wire = wireSummary(mx)
 	result.elapsed_ms = Date.now() - t0
 	result.ok = failures.length === 0
 	result.failures = failures
-	process.stdout.write(JSON.stringify(result) + '\n')
+	writeSummary(result)
 	return result.ok
 }
 
 // ---------------------------------------------------------------- main
-async function main() {
-	const sock = await getSocket()
-	sock.setNoDelay && sock.setNoDelay(true)
-	sock.on('error', e => log(`socket error: ${errText(e)}`))
+runPeer(async sock => {
 	const mx = await setupYamux(sock)
 	log(`yamux muxer ready (${mx.muxer.client ? 'client, odd ids' : 'server, even ids'})`)
-	const ok = opts.mode === 'responder' ? await runResponder(mx, sock) : await runDriver(mx, sock)
-	exit(ok ? 0 : 1, ok ? 'success' : 'FAILED')
-}
-
-main().catch(e => exit(1, `fatal: ${e && e.stack ? e.stack : errText(e)}`))
+	return opts.mode === 'responder' ? await runResponder(mx, sock) : await runDriver(mx, sock)
+})
