@@ -29,6 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, events as ev, make_engine
 from polymux.exceptions import (
+    ChannelClosedError,
     ChannelRejected,
     ChannelReset,
     LimitExceeded,
@@ -137,6 +138,7 @@ class AnyioChannel(ByteStream):
         self._sent_eof = False
         self._closed = False
         self._error: BaseException | None = None
+        self._write_error: BaseException | None = None  # writing failed, reading may go on
 
     # called by the session
     def _wake_reader(self) -> None:
@@ -154,6 +156,8 @@ class AnyioChannel(ByteStream):
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes; credit goes back to the peer as they are taken."""
+        if self._closed:
+            raise anyio.ClosedResourceError
         while not self._buffer:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -180,8 +184,14 @@ class AnyioChannel(ByteStream):
                 raise anyio.ClosedResourceError
             if self._error is not None:
                 raise _broken(self._error)
+            if self._write_error is not None:
+                raise _broken(self._write_error)
             credit = engine.send_credit(self._handle)
             if credit <= 0:
+                if not engine.is_live(self._handle):
+                    raise _broken(
+                        ChannelClosedError(f"{engine.format}: {self._label} was closed by the peer")
+                    )
                 self._writable = anyio.Event()
                 await self._writable.wait()
                 continue
@@ -206,7 +216,11 @@ class AnyioChannel(ByteStream):
             return
         with anyio.CancelScope(shield=True):
             await self.send_eof()
-        self._closed = True
+            self._closed = True
+            unread = len(self._buffer)
+            self._buffer.clear()
+            if unread:
+                await self._session._consumed(self, unread)  # the peer gets its window back
         self._wake_reader()
         self._space.set()
 
@@ -234,6 +248,7 @@ class AnyioSession:
         self._send_lock = anyio.Lock()
         self._ready = anyio.Event()
         self._done = anyio.Event()
+        self._peer_goaway: str | None = None
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
@@ -245,7 +260,7 @@ class AnyioSession:
     async def open_channel(self, name: str = "") -> AnyioChannel:
         """Open a channel; returns once the peer accepted it (where the format asks)."""
         await self._wait_ready()
-        self._check()
+        self._check_open()
         if len(self._channels) >= self.config.max_channels:
             raise LimitExceeded(
                 f"{self.engine.format}: max_channels={self.config.max_channels} channels are open"
@@ -301,6 +316,13 @@ class AnyioSession:
     def _check(self) -> None:
         if self._done.is_set():
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
+
+    def _check_open(self) -> None:
+        self._check()
+        if self._peer_goaway is not None or not self.engine.can_open:
+            raise SessionClosed(
+                f"{self.engine.format}: no new channels: {self._peer_goaway or 'we are going away'}"
+            )
 
     async def _wait_ready(self) -> None:
         if not self.engine.ready:
@@ -408,8 +430,26 @@ class AnyioSession:
             channel = channels.pop(event.channel, None)
             if channel is not None:
                 channel._eof = True
+                if not event.local_done:
+                    channel._write_error = ChannelClosedError(
+                        f"{self.engine.format}: {channel._label} was closed by the peer"
+                    )
                 channel._wake_reader()
                 channel._wake_writer()
+        elif isinstance(event, ev.ReadingStopped):
+            channel = channels.get(event.channel)
+            if channel is not None:
+                channel._write_error = ChannelClosedError(
+                    f"{self.engine.format}: the peer stopped reading {channel._label}"
+                )
+                channel._wake_writer()
+        elif isinstance(event, ev.SessionClosed):
+            # The peer's go-away: no new channels; with an error code it ends the session.
+            self._peer_goaway = f"the peer is going away ({event.message})"
+            if event.code:
+                self._end(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
+                with anyio.CancelScope(shield=True):
+                    await self._stream.aclose()
         elif isinstance(event, ev.ChannelReset):
             channel = channels.pop(event.channel, None)
             if channel is not None:
@@ -436,6 +476,10 @@ class AnyioSession:
         self._ready.set()
         self._done.set()
 
+    def _release(self) -> None:
+        """Close what the session owns that has no peer to wait for."""
+        self._incoming.close()
+
     async def wait_closed(self) -> None:
         """Wait until the session ended."""
         await self._done.wait()
@@ -459,10 +503,13 @@ async def session(
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
     s = AnyioSession(stream, make_engine(protocol, cfg, is_client=is_client), cfg)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s._run)
-        try:
-            yield s
-        finally:
-            await s.aclose()
-            tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s._run)
+            try:
+                yield s
+            finally:
+                await s.aclose()
+                tg.cancel_scope.cancel()
+    finally:
+        s._release()
