@@ -247,6 +247,7 @@ class AnyioSession:
         self._incoming: MemoryObjectReceiveStream[AnyioChannel] = receive
         self._send_lock = anyio.Lock()
         self._ready = anyio.Event()
+        self._output = anyio.Event()  # the engine has bytes for the writer task
         self._done = anyio.Event()
         self._peer_goaway: str | None = None
         self.error: BaseException | None = None
@@ -345,10 +346,21 @@ class AnyioSession:
             return
         self.engine.ack_consumed(channel._handle, n)
         if self.engine.has_output:
-            try:
+            self._kick()  # the writer task sends it: a reader never waits on the socket
+
+    def _kick(self) -> None:
+        self._output.set()
+
+    async def _write(self) -> None:
+        """Send what the engine queued from the reading side (credit, replies): reading
+        never waits for writing, so two peers that both write a lot cannot deadlock."""
+        try:
+            while not self._done.is_set():
+                await self._output.wait()
+                self._output = anyio.Event()
                 await self._flush()
-            except anyio.BrokenResourceError:
-                pass
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, SessionClosed):
+            return
 
     def _forget(self, channel: AnyioChannel) -> None:
         self._channels.pop(channel._handle, None)
@@ -370,7 +382,7 @@ class AnyioSession:
                 for event in engine.receive_data(data):
                     await self._dispatch(event)
                 if engine.has_output:
-                    await self._flush()
+                    self._kick()
         except ProtocolError as exc:
             self._end(exc)
             with anyio.CancelScope(shield=True):
@@ -475,6 +487,7 @@ class AnyioSession:
         self._incoming_send.close()
         self._ready.set()
         self._done.set()
+        self._output.set()
 
     def _release(self) -> None:
         """Close what the session owns that has no peer to wait for."""
@@ -506,6 +519,7 @@ async def session(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(s._run)
+            tg.start_soon(s._write)
             try:
                 yield s
             finally:
