@@ -217,7 +217,17 @@ class Engine(ABC):
     def receive_eof(self) -> None:
         """The peer closed its side of the connection. Raises
         :class:`~polymux.exceptions.ProtocolError` if that cut a frame in half."""
+        unfinished = self._unfinished_input()
         self.closed = True
+        if unfinished is not None:
+            pending, what = unfinished
+            raise ProtocolError(
+                self.format, f"connection ended inside a {what} ({pending} bytes of it received)"
+            )
+
+    def _unfinished_input(self) -> tuple[int, str] | None:
+        """``(bytes held back, what they start)`` when received input stops mid-frame."""
+        return None
 
     @property
     def can_open(self) -> bool:

@@ -122,14 +122,9 @@ class MplexEngine(Engine):
             raise
         return events
 
-    def receive_eof(self) -> None:
-        """The peer closed the connection: a frame cut in half is a protocol error."""
+    def _unfinished_input(self) -> tuple[int, str] | None:
         pending = self._decoder.pending
-        self.closed = True
-        if pending:
-            raise ProtocolError(
-                self.format, f"connection ended inside a frame ({pending} bytes of it received)"
-            )
+        return (pending, "frame") if pending else None
 
     def _on_control(self, stream_id: int, flag: int, body: BytesLike, events: list[Event]) -> None:
         if flag == Flag.NEW_STREAM:

@@ -158,15 +158,9 @@ class MStreamEngine(Engine):
             raise
         return events
 
-    def receive_eof(self) -> None:
-        """The peer closed the connection: a frame cut in half is a protocol error."""
+    def _unfinished_input(self) -> tuple[int, str] | None:
         pending = self._decoder.pending
-        self.closed = True
-        if pending:
-            what = "handshake" if not self.ready else "frame"
-            raise ProtocolError(
-                self.format, f"connection ended inside a {what} ({pending} bytes of it received)"
-            )
+        return (pending, "handshake" if not self.ready else "frame") if pending else None
 
     def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
         if hs.version[0] != self.version:

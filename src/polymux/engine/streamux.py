@@ -141,16 +141,11 @@ class StreamuxEngine(Engine):
         elif n != self.negotiated:
             raise self._error(f"quick init assumed {self.negotiated}, negotiation gave {n}")
 
-    def receive_eof(self) -> None:
-        """The peer closed the connection: a chunk cut in half is a protocol error."""
-        self.closed = True
+    def _unfinished_input(self) -> tuple[int, str] | None:
         pending = (self._decoder.pending if self._decoder else 0) + (
             len(self._init_buf) if self.theirs is None else 0
         )
-        if pending:
-            raise ProtocolError(
-                self.format, f"connection ended inside a chunk ({pending} bytes of it received)"
-            )
+        return (pending, "chunk") if pending else None
 
     def _on_request(self, cid: int, termination: bool, payload: BytesLike, events: list[Event]) -> None:
         n = len(payload)

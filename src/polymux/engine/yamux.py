@@ -118,16 +118,12 @@ class YamuxEngine(Engine):
             raise
         return events
 
-    def receive_eof(self) -> None:
-        """The peer closed the connection: a frame cut in half is a protocol error."""
+    def _unfinished_input(self) -> tuple[int, str] | None:
         pending = self._decoder.pending
-        self.closed = True
-        if pending:
-            where = self._decoder.partial_stream()
-            on = f" on stream {where}" if where is not None else ""
-            raise ProtocolError(
-                self.format, f"connection ended inside a frame{on} ({pending} bytes of it received)"
-            )
+        if not pending:
+            return None
+        where = self._decoder.partial_stream()
+        return pending, "frame" + (f" on stream {where}" if where is not None else "")
 
     def _on_frame(
         self, type_: int, flags: int, stream_id: int, length: int, body: BytesLike, events: list[Event]
