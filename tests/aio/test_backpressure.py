@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
 import polymux
 from polymux.wire.mstream import MAX_PAYLOAD
 
+from .helpers import until
+
 
 WINDOW = 128 * 1024
 HIGH = 64 * 1024
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
-    """Wait until ``predicate()`` holds (polling the loop), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 class Peer:

@@ -19,7 +19,6 @@ import hashlib
 import random
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +28,8 @@ from polymux.aio.channel import ChannelTransport
 from polymux.exceptions import ChannelOverflow
 from polymux.wire.mplex import Decoder, Flag, encode_header
 
+from .helpers import until
+
 
 PROTOCOLS = ["mplex", "multiplex"]
 KiB = 1024
@@ -36,15 +37,6 @@ MiB = 1024 * KiB
 WINDOW = 256 * KiB
 SOCKET_READ = 256 * KiB
 """Largest ``data_received`` of asyncio's selector transports."""
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    """Wait until ``predicate()`` holds (polling the loop), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 def pattern(size: int, seed: int = 1) -> bytes:

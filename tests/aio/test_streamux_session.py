@@ -54,6 +54,8 @@ from polymux.wire.streamux import (
     encode_init,
 )
 
+from .helpers import until
+
 
 T = TypeVar("T")
 Serve = Callable[..., Awaitable[polymux.Server]]
@@ -72,15 +74,6 @@ SMALL_CHUNKS: dict[str, Any] = {"streamux_length_bits": (6, 12, 12)}
 async def wait(aw: Awaitable[T], timeout: float = 10) -> T:  # noqa: ASYNC109
     """Await ``aw``, failing the test instead of hanging."""
     return await asyncio.wait_for(aw, timeout)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    """Wait until ``predicate()`` holds (polling the loop), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 def pattern(size: int, seed: int = 1) -> bytes:

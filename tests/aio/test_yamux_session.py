@@ -34,6 +34,8 @@ from polymux.aio.channel import ChannelTransport
 from polymux.engine.yamux import YamuxEngine
 from polymux.wire.yamux import HEADER, Decoder, Flag, Frame, GoAwayCode, Type, encode_header
 
+from .helpers import until
+
 
 T = TypeVar("T")
 Serve = Callable[..., Awaitable[polymux.Server]]
@@ -50,15 +52,6 @@ WINDOW = 256 * KiB
 async def wait(aw: Awaitable[T], timeout: float = 5) -> T:  # noqa: ASYNC109
     """Await ``aw``, failing the test instead of hanging."""
     return await asyncio.wait_for(aw, timeout)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    """Wait until ``predicate()`` holds (polling the loop), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 def pattern(size: int, seed: int = 1) -> bytes:
