@@ -9,6 +9,7 @@ Quick start::
 
 from __future__ import annotations
 
+from polymux._types import CaptureFactory, CaptureSink
 from polymux.aio import (
     ChannelTransport,
     Server,
@@ -39,6 +40,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PROTOCOLS",
+    "CaptureFactory",
+    "CaptureSink",
     "ChannelClosedError",
     "ChannelError",
     "ChannelOverflow",

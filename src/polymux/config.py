@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from polymux._types import CaptureFactory
+
 
 __all__ = ["SessionConfig"]
 
@@ -121,6 +123,11 @@ class SessionConfig:
     """New channels per second the peer may open (burst of as many); a peer above the
     rate is a protocol violation (js-libp2p-mplex disconnects such a peer). High by default
     because request/response use (Streamux) opens one channel per request."""
+
+    capture: CaptureFactory | None = None
+    """Opt-in recording of the raw bytes each session sends and receives: a factory
+    called once per session (see :class:`polymux.CaptureSink` and :mod:`polymux.tracing`).
+    ``None`` (the default) costs one attribute test per read and per write batch."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, cast
 
+from polymux._types import CaptureSink
 from polymux.aio.channel import ChannelStreamReader, ChannelTransport
 from polymux.config import SessionConfig
 from polymux.engine import Engine, events as ev, make_engine
@@ -85,6 +86,7 @@ class MuxProtocol(asyncio.Protocol):
         self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._keepalive: asyncio.Task[None] | None = None
         self._open_timers: dict[int, asyncio.TimerHandle] = {}
+        self._capture: CaptureSink | None = None
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.session = Session(self)
@@ -94,6 +96,8 @@ class MuxProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self._transport = cast(asyncio.Transport, transport)
+        if self.config.capture is not None:
+            self._start_capture(self._transport)
         if self.engine.ready:
             self.ready.set_result(None)
         if self._supports_ping():
@@ -101,6 +105,22 @@ class MuxProtocol(asyncio.Protocol):
                 self._send_ping()  # at once: the RTT drives window tuning
             self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
         self._schedule_flush()
+
+    def _start_capture(self, transport: asyncio.Transport) -> None:
+        def addr(name: str) -> str:
+            value = transport.get_extra_info(name)
+            if isinstance(value, tuple):
+                return ":".join(str(part) for part in value[:2])
+            return "" if value is None else str(value)
+
+        info = {
+            "format": self.engine.format,
+            "role": "client" if self.is_client else "server",
+            "local": addr("sockname"),
+            "peer": addr("peername"),
+        }
+        assert self.config.capture is not None
+        self._capture = self.config.capture(info)
 
     # -- pings and keepalive -----------------------------------------------------------------
 
@@ -164,6 +184,8 @@ class MuxProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return
+        if self._capture is not None:
+            self._capture.received(data)
         self.engine.now = self.loop.time()
         try:
             events = self.engine.receive_data(data)
@@ -193,6 +215,9 @@ class MuxProtocol(asyncio.Protocol):
         self._transport = None
         self._closing = True
         self.engine.closed = True
+        if self._capture is not None:
+            capture, self._capture = self._capture, None
+            capture.close()
         if self._keepalive is not None:
             self._keepalive.cancel()
         for timer in self._open_timers.values():
@@ -549,6 +574,8 @@ class MuxProtocol(asyncio.Protocol):
             if not out:
                 break
             # One call per batch; uvloop sends the parts with one writev, no join.
+            if self._capture is not None:
+                self._capture.sent(out)
             transport.writelines(out)
         if not self._write_paused:
             self._wake()
@@ -606,6 +633,8 @@ class MuxProtocol(asyncio.Protocol):
             # Send what the engine queued last (a go-away naming the error), then close.
             out = self.engine.data_to_send()
             if out:
+                if self._capture is not None:
+                    self._capture.sent(out)
                 transport.writelines(out)
             transport.close()
 

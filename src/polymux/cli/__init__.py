@@ -1,0 +1,39 @@
+"""The ``polymux`` command. Each subcommand is a module of this package with
+``register(subparsers)``, which adds its parser and sets ``func`` (``func(args) -> int``).
+Modules import heavy dependencies (pyspark, dpkt, rich) inside ``func``, so ``--help``
+and the other subcommands stay fast and work without the extras."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+
+__all__ = ["main"]
+
+_SUBCOMMANDS = ("demo", "serve", "connect", "decode", "bench", "analyze")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="polymux", description="Many byte channels over one connection, in real multiplexing formats."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"polymux.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"polymux.cli.{name}":
+                raise
+            continue  # not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``polymux`` command; return its exit status."""
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
