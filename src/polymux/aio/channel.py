@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from polymux.aio.session import MuxProtocol
 
 
-__all__ = ["ChannelStreamReader", "ChannelTransport"]
+__all__ = ["ChannelStreamProtocol", "ChannelStreamReader", "ChannelTransport"]
 
 _COALESCE = 64 * 1024
 """Writes smaller than this are joined into one chunk when sent; larger ones go as views."""
@@ -103,6 +103,23 @@ class ChannelStreamReader(asyncio.StreamReader):
         await super()._wait_for_data(func_name)  # type: ignore[misc]
 
 
+class ChannelStreamProtocol(asyncio.StreamReaderProtocol):
+    """The stdlib ``StreamReaderProtocol``, lighter: its drain-waiter deque (about 700
+    bytes, allocated per channel and almost always empty) becomes a list, which supports
+    every operation the stdlib does on it (append, remove, iterate)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(self._drain_waiters, deque) and not self._drain_waiters:  # type: ignore[has-type]
+            waiters: list[asyncio.Future[None]] = []
+            self._drain_waiters = waiters
+
+
+_NO_DEQUE: deque[BytesLike] = deque()
+"""Shared, always empty: a channel's queue until it first needs one (only cleared or
+tested while shared, never appended to)."""
+
+
 class ChannelTransport(asyncio.Transport):
     """The transport of one channel of a session (see the module docstring)."""
 
@@ -115,7 +132,9 @@ class ChannelTransport(asyncio.Transport):
         self._label_text = mux.engine.describe(handle)
         self._protocol: asyncio.BaseProtocol | None = None
         self._reader: ChannelStreamReader | None = None  # stream mode when set
-        self._buf: deque[BytesLike] = deque()
+        # Idle channels are the common case (100,000 on a session): both queues start as a
+        # shared empty deque (an empty deque costs ~600 bytes) and get their own on first use.
+        self._buf: deque[BytesLike] = _NO_DEQUE
         self._buffered = 0
         self._high = mux.config.write_buffer_high
         self._low = mux.config.low_water
@@ -133,7 +152,7 @@ class ChannelTransport(asyncio.Transport):
         # bytearray: appending to it after reads from its front moves everything it
         # holds, so it is kept small (its own pause size, 2 x limit, and at least one
         # 256 KiB read) and the rest of the window waits here.
-        self._backlog: deque[bytes] = deque()
+        self._backlog: deque[bytes] = _NO_DEQUE  # type: ignore[assignment]
         self._backlog_size = 0
         self._feed_limit = max(2 * mux.config.stream_limit, 256 * 1024)
         self._reading_paused = False
@@ -203,7 +222,10 @@ class ChannelTransport(asyncio.Transport):
             isinstance(data, memoryview) and data.readonly and isinstance(data.obj, bytes)
         ):
             data = bytes(data)
-        self._buf.append(data)
+        buf = self._buf
+        if buf is _NO_DEQUE:
+            buf = self._buf = deque()
+        buf.append(data)
         self._buffered += len(data)
         self._mux._want_send(self)
         if not self._protocol_paused and self._buffered > self._high:
@@ -377,6 +399,8 @@ class ChannelTransport(asyncio.Transport):
             else:
                 # Copied: a view would pin the whole received chunk it points into.
                 backlog = self._backlog
+                if backlog is _NO_DEQUE:
+                    backlog = self._backlog = deque()
                 backlog.append(bytes(data))
                 backlog.extend(bytes(part) for part in more)
                 self._backlog_size += n

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, cast
 
 from polymux._types import CaptureSink
-from polymux.aio.channel import ChannelStreamReader, ChannelTransport
+from polymux.aio.channel import ChannelStreamProtocol, ChannelStreamReader, ChannelTransport
 from polymux.config import SessionConfig
 from polymux.engine import Engine, events as ev, make_engine
 from polymux.exceptions import (
@@ -372,10 +372,10 @@ class MuxProtocol(asyncio.Protocol):
         channel._accepted = True
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         if self._handler is not None:
-            protocol = asyncio.StreamReaderProtocol(reader, self._run_handler, loop=self.loop)
+            protocol = ChannelStreamProtocol(reader, self._run_handler, loop=self.loop)
             channel._attach(protocol, reader)
             return
-        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
+        protocol = ChannelStreamProtocol(reader, loop=self.loop)
         channel._attach(protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
         self._incoming.append((name, (reader, writer)))
@@ -759,7 +759,7 @@ class Session:
         """
         mux = self._mux
         reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=mux.loop)
+        protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
         return reader, writer
