@@ -1,0 +1,7 @@
+"""Applications built on polymux, shared by the ``polymux`` command and ``examples/``:
+:mod:`polymux.apps.filetransfer` (many files in parallel, one channel each, SHA-256,
+resume, safe destination paths) and :mod:`polymux.apps.chat` (rooms as channels,
+msgpack records, a bounded queue per member). :mod:`polymux.apps.records` is their
+framing, :mod:`polymux.apps.common` the address and format helpers."""
+
+from __future__ import annotations

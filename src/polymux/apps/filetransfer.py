@@ -1,0 +1,677 @@
+"""File transfer over polymux: many files in parallel, one channel per file, SHA-256
+verified end to end, interrupted transfers resumed, and destination paths that cannot
+escape the target directory.
+
+One channel carries one file (records are :mod:`polymux.apps.records`)::
+
+    sender                                   receiver
+    offer {name, size}              ->       checks the name (path safety), finds a partial
+                                    <-       accept {offset, prefix_sha256} | error {code, message}
+    start {offset}                  ->       offset = the accepted one if the sender's first
+                                             offset bytes hash to prefix_sha256, else 0
+    size - offset raw bytes         ->       appended to DEST/NAME.polymux-part, hashed
+    end {sha256}, end of writing    ->       the SHA-256 of the whole file
+                                    <-       done {sha256, resumed_from} | error {code, message}
+
+The receiver keeps ``NAME.polymux-part`` when a transfer is cut (the sender killed, the
+connection lost) and offers its length and the SHA-256 of its content at the next attempt,
+so only the rest is sent; the final SHA-256 covers the whole file as written on disk, and
+only a verified file is renamed to ``NAME``. A file that already exists with the offered
+size is offered whole: if it matches, nothing is sent (``unchanged``).
+
+Path safety (:func:`check_name`, :func:`destination`): a name is a relative POSIX path;
+empty names, NUL bytes, control characters, backslashes, absolute paths, drive letters,
+empty, ``.`` or ``..`` components, over-long names and the ``.polymux-part`` suffix are
+refused with an ``unsafe-name`` error sent back to the sender (and logged). The joined
+path is resolved (symlinks followed) and must stay inside the target directory; files are
+opened with ``O_NOFOLLOW``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Self
+
+from polymux.aio.session import Session
+from polymux.apps.common import format_bytes
+from polymux.apps.records import RecordError, field, read_record, write_record
+from polymux.exceptions import PolymuxError
+
+
+__all__ = [
+    "CHUNK",
+    "PART_SUFFIX",
+    "PlainProgress",
+    "RateLimiter",
+    "Receiver",
+    "RichProgress",
+    "Transfer",
+    "TransferError",
+    "UnsafeName",
+    "check_name",
+    "collect",
+    "destination",
+    "make_progress",
+    "send_file",
+    "send_files",
+    "send_with_progress",
+    "summary",
+]
+
+PART_SUFFIX = ".polymux-part"
+"""Suffix of a partially received file (kept for resume)."""
+
+CHUNK = 256 * 1024
+"""Bytes read from a file (or a channel) at a time."""
+
+MAX_NAME_BYTES = 1024
+MAX_COMPONENT_BYTES = 255
+CHANNEL_NAME = "polymux-file"
+"""Name of the channels the sender opens (the file name travels in the offer)."""
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+class UnsafeName(ValueError):
+    """A file name the receiver refuses (it could escape the target directory)."""
+
+
+class TransferError(Exception):
+    """One file's transfer failed (refused, interrupted, or not verified)."""
+
+    def __init__(self, message: str, code: str = "failed") -> None:
+        super().__init__(message)
+        self.code = code
+        """``unsafe-name``, ``busy``, ``too-large``, ``checksum``, ``protocol``, ``failed``."""
+
+
+# -- path safety ---------------------------------------------------------------------------
+
+
+def check_name(name: object) -> PurePosixPath:
+    """Return ``name`` as a relative path, or raise :class:`UnsafeName` saying why."""
+    if not isinstance(name, str):
+        raise UnsafeName(f"the name must be a string, got {type(name).__name__}")
+    if not name:
+        raise UnsafeName("the name is empty")
+    if "\0" in name:
+        raise UnsafeName("the name contains a NUL byte")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise UnsafeName("the name contains a control character")
+    if "\\" in name:
+        raise UnsafeName("the name contains a backslash (the separator is '/')")
+    if name.startswith("/"):
+        raise UnsafeName("the name is an absolute path")
+    if _DRIVE.match(name):
+        raise UnsafeName("the name starts with a drive letter")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise UnsafeName(f"the name is longer than {MAX_NAME_BYTES} bytes")
+    parts = name.split("/")
+    for part in parts:
+        if not part:
+            raise UnsafeName("the name has an empty component ('//' or a trailing '/')")
+        if part in (".", ".."):
+            raise UnsafeName(f"the name has a {part!r} component")
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+            raise UnsafeName(f"a component of the name is longer than {MAX_COMPONENT_BYTES} bytes")
+    if name.endswith(PART_SUFFIX):
+        raise UnsafeName(f"names ending in {PART_SUFFIX!r} are reserved for partial files")
+    return PurePosixPath(*parts)
+
+
+def destination(root: Path, name: object) -> Path:
+    """The path ``name`` is written to under ``root``; raises :class:`UnsafeName` if the
+    name is unsafe or the path resolves outside ``root`` (through a symlink, say)."""
+    relative = check_name(name)
+    base = root.resolve()
+    target = base.joinpath(*relative.parts)
+    resolved = target.resolve()
+    if resolved == base or not resolved.is_relative_to(base):
+        raise UnsafeName("the name resolves outside the target directory")
+    return target
+
+
+# -- the receiver --------------------------------------------------------------------------
+
+
+@dataclass
+class ReceiverStats:
+    """What a :class:`Receiver` did so far."""
+
+    files: int = 0
+    unchanged: int = 0
+    refused: int = 0
+    interrupted: int = 0
+    failed: int = 0
+    bytes: int = 0
+
+
+class Receiver:
+    """Receives files into ``root``: use :meth:`handle` as the channel handler of a
+    polymux server (or of a client session the sender connects to).
+
+    ``log(line)`` gets one line per file (received, refused, interrupted, failed).
+    ``max_size`` refuses larger files.
+    """
+
+    def __init__(
+        self, root: Path, *, log: Callable[[str], None] | None = None, max_size: int | None = None
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.log = log or (lambda line: print(line, flush=True))
+        self.max_size = max_size
+        self.stats = ReceiverStats()
+        """Counters of what happened."""
+        self._busy: set[Path] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Receive one file from one channel."""
+        peer = _peer(writer)
+        try:
+            await self._receive(reader, writer, peer)
+        except TransferError as exc:
+            with contextlib.suppress(ConnectionError, PolymuxError):
+                write_record(writer, {"type": "error", "code": exc.code, "message": str(exc)})
+                await writer.drain()
+        except (RecordError, ConnectionError, PolymuxError) as exc:
+            self.stats.failed += 1
+            self.log(f"failed: channel from {peer}: {exc}")
+        finally:
+            writer.close()
+
+    async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        offer = await read_record(reader)
+        if offer is None:
+            return
+        if offer["type"] != "offer":
+            raise TransferError(f"expected an offer, got {offer['type']!r}", "protocol")
+        name = offer.get("name")
+        try:
+            target = destination(self.root, name)
+        except UnsafeName as exc:
+            self.stats.refused += 1
+            self.log(f"refused: {name!r} from {peer}: {exc}")
+            raise TransferError(f"unsafe name {name!r}: {exc}", "unsafe-name") from None
+        assert isinstance(name, str)
+        size = field(offer, "size", int)
+        if size < 0 or (self.max_size is not None and size > self.max_size):
+            self.stats.refused += 1
+            self.log(f"refused: {name!r} from {peer}: size {size} not allowed")
+            raise TransferError(f"{name!r}: size {size} is over the limit", "too-large")
+        if target in self._busy:
+            self.stats.refused += 1
+            self.log(f"refused: {name!r} from {peer}: already being received")
+            raise TransferError(f"{name!r} is already being received", "busy")
+        self._busy.add(target)
+        try:
+            await self._receive_into(reader, writer, peer, name, size, target)
+        finally:
+            self._busy.discard(target)
+
+    async def _receive_into(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+        name: str,
+        size: int,
+        target: Path,
+    ) -> None:
+        part = target.with_name(target.name + PART_SUFFIX)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.resolve().is_relative_to(self.root):
+            raise TransferError(f"refused {name!r}: its directory resolves outside the target", "unsafe-name")
+        # What we have already: a partial file, or the whole file.
+        have, existing = 0, False
+        digest = hashlib.sha256()
+        if _is_regular(part):
+            have = min(part.stat().st_size, size)
+            _hash_prefix(part, have, digest)
+        elif _is_regular(target) and target.stat().st_size == size:  # noqa: ASYNC240
+            have, existing = size, True
+            _hash_prefix(target, size, digest)
+        write_record(
+            writer, {"type": "accept", "offset": have, "prefix_sha256": digest.hexdigest() if have else ""}
+        )
+        await writer.drain()
+        start_record = await read_record(reader)
+        if start_record is None or start_record["type"] != "start":
+            raise TransferError("expected a start record", "protocol")
+        offset = field(start_record, "offset", int)
+        if offset not in (0, have):
+            raise TransferError(f"start offset {offset} is neither 0 nor the offered {have}", "protocol")
+        if offset == 0:
+            digest = hashlib.sha256()
+        unchanged = existing and offset == size
+        received = 0
+        if not unchanged:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                os.ftruncate(fd, offset)
+                os.lseek(fd, offset, os.SEEK_SET)
+                remaining = size - offset
+                while remaining:
+                    try:
+                        chunk = await reader.read(min(CHUNK, remaining))
+                    except (ConnectionError, PolymuxError) as exc:
+                        self._interrupted(name, peer, offset + received, size, str(exc))
+                        raise TransferError(f"interrupted: {exc}") from None
+                    if not chunk:
+                        self._interrupted(name, peer, offset + received, size, "the sender ended early")
+                        raise TransferError("the data ended early", "protocol")
+                    _write_all(fd, chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    remaining -= len(chunk)
+            finally:
+                os.close(fd)
+        end = await read_record(reader)
+        if end is None or end["type"] != "end":
+            raise TransferError("expected an end record", "protocol")
+        expected = field(end, "sha256", str)
+        actual = digest.hexdigest()
+        if expected != actual:
+            self.stats.failed += 1
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+            self.log(
+                f"failed: {name!r} from {peer}: SHA-256 mismatch (sender {expected[:16]}, got {actual[:16]})"
+            )
+            raise TransferError(f"SHA-256 mismatch on {name!r}: the receiver got {actual}", "checksum")
+        if not unchanged:
+            os.replace(part, target)
+        write_record(writer, {"type": "done", "sha256": actual, "resumed_from": offset})
+        await writer.drain()
+        self.stats.bytes += received
+        if unchanged:
+            self.stats.unchanged += 1
+            self.log(f"unchanged: {name} ({format_bytes(size)}, sha256 {actual[:16]}) from {peer}")
+        else:
+            self.stats.files += 1
+            note = f", resumed at {format_bytes(offset)}" if offset else ""
+            self.log(f"received: {name} ({format_bytes(size)}, sha256 {actual[:16]} ok{note}) from {peer}")
+
+    def _interrupted(self, name: str, peer: str, have: int, size: int, why: str) -> None:
+        self.stats.interrupted += 1
+        self.log(
+            f"interrupted: {name} from {peer} at {format_bytes(have)} of {format_bytes(size)} "
+            f"({why}); kept {name}{PART_SUFFIX} for resume"
+        )
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) if peer else "unix socket"
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _hash_prefix(path: Path, n: int, digest: Any) -> None:
+    with open(path, "rb") as f:
+        while n > 0:
+            chunk = f.read(min(CHUNK, n))
+            if not chunk:
+                break
+            digest.update(chunk)
+            n -= len(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# -- the sender ----------------------------------------------------------------------------
+
+
+@dataclass
+class Transfer:
+    """One file to send, and how its transfer went."""
+
+    path: Path
+    """The local file."""
+    name: str
+    """The name the receiver gets (a relative path)."""
+    size: int = 0
+    done: int = 0
+    """Bytes the receiver holds so far (resumed bytes count)."""
+    sent: int = 0
+    """Bytes sent in this run."""
+    resumed_from: int = 0
+    status: str = "waiting"
+    """``waiting``, ``sending``, ``done``, ``unchanged`` or ``failed``."""
+    error: str | None = None
+    sha256: str = ""
+    started: float = 0.0
+    finished: float = 0.0
+    extra: dict[str, Any] = dc_field(default_factory=dict)
+
+
+class RateLimiter:
+    """Shared bandwidth limit (bytes per second) over all channels."""
+
+    def __init__(self, rate: float) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        self.rate = rate
+        self._next = 0.0
+
+    async def take(self, n: int) -> None:
+        """Wait until ``n`` more bytes fit within the rate."""
+        now = time.monotonic()
+        start = max(self._next, now)
+        self._next = start + n / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
+def collect(paths: Iterable[Path], *, name: str | None = None) -> list[Transfer]:
+    """Transfers for files and the regular files under directories (named relative to
+    the directory given). ``name`` renames a single file. Raises ``ValueError``."""
+    transfers: list[Transfer] = []
+    paths = list(paths)
+    if name is not None and (len(paths) != 1 or not paths[0].is_file()):
+        raise ValueError("--as NAME needs exactly one file")
+    for path in paths:
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+            transfers.extend(Transfer(f, f.relative_to(path).as_posix(), f.stat().st_size) for f in files)
+        elif path.is_file():
+            transfers.append(Transfer(path, name if name is not None else path.name, path.stat().st_size))
+        else:
+            raise ValueError(f"{path}: no such file or directory")
+    return transfers
+
+
+async def send_file(
+    session: Session,
+    transfer: Transfer,
+    *,
+    progress: Callable[[Transfer], None] | None = None,
+    limiter: RateLimiter | None = None,
+) -> Transfer:
+    """Send one file on a new channel; fills in ``transfer`` (status, sha256, error)."""
+    transfer.status = "sending"
+    transfer.started = time.perf_counter()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await session.open_channel(CHANNEL_NAME)
+        await _send(reader, writer, transfer, progress, limiter)
+    except (TransferError, RecordError, ConnectionError, PolymuxError, OSError) as exc:
+        transfer.status = "failed"
+        transfer.error = str(exc)
+        if writer is not None:
+            writer.transport.abort()
+    else:
+        writer.close()
+    transfer.finished = time.perf_counter()
+    if progress is not None:
+        progress(transfer)
+    return transfer
+
+
+async def _send(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    t: Transfer,
+    progress: Callable[[Transfer], None] | None,
+    limiter: RateLimiter | None,
+) -> None:
+    write_record(writer, {"type": "offer", "name": t.name, "size": t.size})
+    await writer.drain()
+    reply = await read_record(reader)
+    if reply is None:
+        raise TransferError("the receiver closed the channel without an answer")
+    if reply["type"] == "error":
+        raise TransferError(f"refused by the receiver: {reply.get('message')}", str(reply.get("code")))
+    if reply["type"] != "accept":
+        raise TransferError(f"expected accept, got {reply['type']!r}", "protocol")
+    have = field(reply, "offset", int)
+    prefix = field(reply, "prefix_sha256", str)
+    if not 0 <= have <= t.size:
+        raise TransferError(f"the receiver offered offset {have} for a {t.size}-byte file", "protocol")
+    digest = hashlib.sha256()
+    # File I/O stays on the loop: reads of CHUNK bytes from the page cache take
+    # microseconds, less than a thread hop.
+    with open(t.path, "rb") as f:  # noqa: ASYNC230
+        start = 0
+        if have:
+            _hash_stream(f, have, digest)
+            if digest.hexdigest() == prefix:
+                start = have
+            else:  # the receiver's partial is not a prefix of this file: from the start
+                digest = hashlib.sha256()
+                f.seek(0)
+        write_record(writer, {"type": "start", "offset": start})
+        t.resumed_from = t.done = start
+        if progress is not None:
+            progress(t)
+        remaining = t.size - start
+        while remaining:
+            chunk = f.read(min(CHUNK, remaining))
+            if not chunk:
+                raise TransferError(f"{t.path} shrank while being sent")
+            digest.update(chunk)
+            if limiter is not None:
+                await limiter.take(len(chunk))
+            writer.write(chunk)
+            await writer.drain()
+            remaining -= len(chunk)
+            t.sent += len(chunk)
+            t.done += len(chunk)
+            if progress is not None:
+                progress(t)
+    t.sha256 = digest.hexdigest()
+    write_record(writer, {"type": "end", "sha256": t.sha256})
+    writer.write_eof()
+    await writer.drain()
+    reply = await read_record(reader)
+    if reply is None:
+        raise TransferError("the receiver closed the channel without confirming")
+    if reply["type"] == "error":
+        raise TransferError(f"the receiver reports: {reply.get('message')}", str(reply.get("code")))
+    if reply["type"] != "done" or reply.get("sha256") != t.sha256:
+        raise TransferError(f"not confirmed: {reply!r}", "checksum")
+    t.status = "unchanged" if start == t.size and t.size and t.sent == 0 else "done"
+
+
+def _hash_stream(f: IO[bytes], n: int, digest: Any) -> None:
+    while n > 0:
+        chunk = f.read(min(CHUNK, n))
+        if not chunk:
+            break
+        digest.update(chunk)
+        n -= len(chunk)
+
+
+async def send_files(
+    session: Session,
+    transfers: list[Transfer],
+    *,
+    parallel: int = 8,
+    progress: Callable[[Transfer], None] | None = None,
+    limiter: RateLimiter | None = None,
+) -> list[Transfer]:
+    """Send ``transfers``, at most ``parallel`` at a time (one channel each)."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(t: Transfer) -> Transfer:
+        async with gate:
+            return await send_file(session, t, progress=progress, limiter=limiter)
+
+    return list(await asyncio.gather(*(one(t) for t in transfers)))
+
+
+def summary(transfers: list[Transfer], elapsed: float, parallel: int) -> str:
+    """The one-line summary: files, bytes, seconds, MB/s, resumed, unchanged, failed."""
+    sent = sum(t.sent for t in transfers)
+    total = sum(t.size for t in transfers)
+    resumed = [t for t in transfers if t.resumed_from and t.status == "done"]
+    unchanged = sum(t.status == "unchanged" for t in transfers)
+    failed = sum(t.status == "failed" for t in transfers)
+    ok = sum(t.status in ("done", "unchanged") for t in transfers)
+    rate = sent / elapsed / 1e6 if elapsed > 0 else 0.0
+    return (
+        f"{ok}/{len(transfers)} files verified (SHA-256), {format_bytes(total)} in all; sent "
+        f"{format_bytes(sent)} in {elapsed:.2f} s = {rate:.1f} MB/s, up to {parallel} channels at once; "
+        f"resumed {len(resumed)} ({format_bytes(sum(t.resumed_from for t in resumed))} not re-sent), "
+        f"unchanged {unchanged}, failed {failed}"
+    )
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+class PlainProgress:
+    """Progress as plain lines (no TTY): one line every ``interval`` seconds, and one per
+    file that ends."""
+
+    def __init__(
+        self, transfers: list[Transfer], *, interval: float = 0.5, out: IO[str] | None = None
+    ) -> None:
+        self.transfers = transfers
+        self.interval = interval
+        self.out = out or sys.stdout
+        self._task: asyncio.Task[None] | None = None
+        self._start = time.perf_counter()
+        self._reported: set[int] = set()
+
+    def __enter__(self) -> Self:
+        self._start = time.perf_counter()
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._line()
+
+    def update(self, t: Transfer) -> None:
+        """A transfer made progress (or ended)."""
+        if t.status in ("done", "unchanged", "failed") and id(t) not in self._reported:
+            self._reported.add(id(t))
+            if t.status == "failed":
+                print(f"  FAILED    {t.name}: {t.error}", file=self.out, flush=True)
+            else:
+                note = f" (resumed at {format_bytes(t.resumed_from)})" if t.resumed_from and t.sent else ""
+                print(f"  {t.status:<9} {t.name} {format_bytes(t.size)}{note}", file=self.out, flush=True)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self._line()
+
+    def _line(self) -> None:
+        total = sum(t.size for t in self.transfers) or 1
+        done = sum(t.done for t in self.transfers)
+        sent = sum(t.sent for t in self.transfers)
+        finished = sum(t.status in ("done", "unchanged", "failed") for t in self.transfers)
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        print(
+            f"progress {100 * done / total:5.1f}% {format_bytes(done)} of {format_bytes(total)}, "
+            f"{finished}/{len(self.transfers)} files, {sent / elapsed / 1e6:.1f} MB/s",
+            file=self.out,
+            flush=True,
+        )
+
+
+class RichProgress:
+    """Progress bars (rich): one per file and one for the total, with the throughput."""
+
+    def __init__(self, transfers: list[Transfer]) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self.transfers = transfers
+        self.progress = Progress(
+            TextColumn("{task.description:<24.24}"),
+            BarColumn(bar_width=30),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            refresh_per_second=8,
+        )
+        self.total = self.progress.add_task(
+            "[bold]total", total=sum(t.size for t in transfers) or 1, status=f"0/{len(transfers)} files"
+        )
+        self.tasks = {
+            id(t): self.progress.add_task(t.name, total=t.size or 1, status="", visible=True)
+            for t in transfers
+        }
+
+    def __enter__(self) -> Self:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.refresh()
+        self.progress.stop()
+
+    def update(self, t: Transfer) -> None:
+        """A transfer made progress (or ended)."""
+        status = {"done": "[green]ok", "unchanged": "[cyan]unchanged", "failed": "[red]FAILED"}.get(
+            t.status, ""
+        )
+        if t.resumed_from and t.status in ("sending", "done"):
+            status = (status + " " if status else "") + f"[yellow]resumed@{format_bytes(t.resumed_from)}"
+        self.progress.update(self.tasks[id(t)], completed=t.done, status=status)
+        finished = sum(x.status in ("done", "unchanged", "failed") for x in self.transfers)
+        self.progress.update(
+            self.total,
+            completed=sum(x.done for x in self.transfers),
+            status=f"{finished}/{len(self.transfers)} files",
+        )
+
+
+def make_progress(transfers: list[Transfer], mode: str = "auto") -> PlainProgress | RichProgress | None:
+    """``auto`` (rich on a terminal, plain lines otherwise), ``rich``, ``plain`` or ``none``."""
+    if mode == "none":
+        return None
+    if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
+        return RichProgress(transfers)
+    return PlainProgress(transfers)
+
+
+async def send_with_progress(
+    session: Session,
+    transfers: list[Transfer],
+    *,
+    parallel: int = 8,
+    progress: str = "auto",
+    limiter: RateLimiter | None = None,
+) -> float:
+    """Send ``transfers`` showing progress (``make_progress`` modes); return the seconds."""
+    view = make_progress(transfers, progress)
+    start = time.perf_counter()
+    if view is None:
+        await send_files(session, transfers, parallel=parallel, limiter=limiter)
+    else:
+        with view:
+            await send_files(session, transfers, parallel=parallel, progress=view.update, limiter=limiter)
+    return time.perf_counter() - start

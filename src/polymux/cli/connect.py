@@ -1,0 +1,260 @@
+"""``polymux connect``: a multiplexed iperf. Opens N channels on one connection, sends a
+pattern (or a file) on each, checks that every byte comes back unchanged (``polymux
+serve --echo``, or any peer that echoes channels), and prints a summary: bytes, seconds,
+MB/s (10^6 bytes per second, one direction).
+
+Modes: ``echo`` (the default) verifies the echo byte by byte; ``--send-only`` sends and
+waits for the peer to close each channel (``polymux serve --discard``); on formats whose
+channels are one-way (omnistreams: the opener writes, the acceptor reads) the mode is
+``one-way``: data is sent, nothing can come back, so nothing is verified, and the
+summary says so.
+
+Each channel gets its own pattern (a pseudo-random block per channel, or ``--pattern
+TEXT`` repeated), so an echo on the wrong channel is caught. Exit status: 0 when every
+channel completed (and verified), 1 when one failed (mismatch, reset, lost connection,
+``--timeout``), 2 for bad arguments, 3 when the connection cannot be made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import polymux
+from polymux.apps.common import (
+    Address,
+    add_address_options,
+    add_session_options,
+    connect,
+    format_bytes,
+    parse_address,
+    parse_size,
+    run as run_loop,
+    session_options,
+    two_way,
+)
+
+
+__all__ = ["register", "run"]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_CONNECT = 1, 2, 3
+
+
+class Mismatch(Exception):
+    """The echo differs from what was sent."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``polymux connect``."""
+    parser = sub.add_parser(
+        "connect",
+        help="open N channels, send, verify the echo, print the throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_session_options(parser)
+    add_address_options(parser)
+    parser.add_argument("--channels", "-n", type=int, default=4, metavar="N", help="channels (default 4)")
+    parser.add_argument(
+        "--size",
+        type=parse_size,
+        default=16 * 1024 * 1024,
+        metavar="BYTES",
+        help="bytes per channel (default 16M)",
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--pattern", metavar="TEXT", help="send TEXT repeated (default: a random block per channel)"
+    )
+    what.add_argument("--file", metavar="PATH", help="send this file on every channel (--size is its size)")
+    parser.add_argument(
+        "--send-only", action="store_true", help="do not expect an echo (for `polymux serve --discard`)"
+    )
+    parser.add_argument(
+        "--chunk", type=parse_size, default=64 * 1024, metavar="BYTES", help="write size (64K)"
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="give up after (120)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.set_defaults(func=run, parser=parser)
+
+
+class _Source:
+    """The bytes one channel sends: ``read(offset, n)``."""
+
+    def __init__(self, size: int, block: bytes | None = None, fd: int | None = None) -> None:
+        self.size = size
+        self.fd = fd
+        if block is not None:
+            # The block repeated enough to slice any read (256 KiB) at any offset.
+            self.period = len(block)
+            self.big = block * ((512 * 1024) // len(block) + 2)
+
+    def read(self, offset: int, n: int) -> bytes:
+        n = min(n, self.size - offset)
+        if self.fd is not None:
+            data = os.pread(self.fd, n, offset)
+            if len(data) != n:
+                raise OSError(f"the file shrank: {len(data)} of {n} bytes at offset {offset}")
+            return data
+        start = offset % self.period
+        if n <= len(self.big) - start:
+            return self.big[start : start + n]
+        return b"".join(self.read(offset + i, min(256 * 1024, n - i)) for i in range(0, n, 256 * 1024))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``polymux connect``."""
+    try:
+        address = parse_address(args.tcp, args.unix)
+        options = session_options(args)
+        polymux.SessionConfig.from_options(**options)
+        if args.channels < 1:
+            raise ValueError(f"--channels must be >= 1, got {args.channels}")
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {args.timeout}")
+        if args.pattern is not None and not args.pattern:
+            raise ValueError("--pattern must not be empty")
+    except (ValueError, TypeError) as exc:
+        args.parser.error(str(exc))
+    fd = None
+    if args.file is not None:
+        try:
+            fd = os.open(args.file, os.O_RDONLY)
+        except OSError as exc:
+            args.parser.error(f"--file: {exc}")
+        assert fd is not None
+        args.size = os.fstat(fd).st_size
+        if args.size == 0:
+            args.parser.error(f"--file: {args.file} is empty")
+    try:
+        return run_loop(_main(args, address, options, fd), use_uvloop=args.uvloop)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _sources(args: argparse.Namespace, fd: int | None) -> list[_Source]:
+    if fd is not None:
+        return [_Source(args.size, fd=fd) for _ in range(args.channels)]
+    if args.pattern is not None:
+        block = args.pattern.encode()
+        return [_Source(args.size, block=block) for _ in range(args.channels)]
+    # A prime-sized block per channel: repeats never line up with chunk boundaries.
+    return [_Source(args.size, block=random.Random(i).randbytes(65521)) for i in range(args.channels)]
+
+
+async def _main(args: argparse.Namespace, address: Address, options: dict[str, Any], fd: int | None) -> int:
+    protocol = args.protocol
+    if not two_way(protocol):
+        mode = "one-way"
+        note = f"{protocol} channels are one-way (the opener writes): sending without echo verification"
+    elif args.send_only:
+        mode, note = "send-only", "sending; the peer reads and closes (no echo expected)"
+    else:
+        mode, note = "echo", "sending and verifying the echo byte by byte"
+    if not args.json:
+        print(f"polymux connect: mode {mode}: {note}", flush=True)
+    try:
+        session = await asyncio.wait_for(connect(address, protocol, **options), args.timeout)
+    except (OSError, polymux.PolymuxError, TimeoutError) as exc:
+        print(
+            f"polymux connect: cannot connect to {address} ({protocol}): {exc or type(exc).__name__}",
+            file=sys.stderr,
+        )
+        return EXIT_CONNECT
+    sources = _sources(args, fd)
+    echoed = [0] * args.channels
+    start = time.perf_counter()
+    errors: list[str] = []
+    try:
+        async with asyncio.timeout(args.timeout):
+            results = await asyncio.gather(
+                *(_channel(session, i, src, mode, args.chunk, echoed) for i, src in enumerate(sources)),
+                return_exceptions=True,
+            )
+            errors = [f"channel {i}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
+            await session.aclose()  # one-way: returns once everything queued is sent
+    except TimeoutError:
+        errors.append(f"timed out after {args.timeout:g} s")
+        session.abort()
+    elapsed = time.perf_counter() - start
+    sent = args.size * args.channels
+    summary = {
+        "protocol": protocol,
+        "address": str(address),
+        "mode": mode,
+        "channels": args.channels,
+        "bytes_per_channel": args.size,
+        "bytes": sent,
+        "echoed": sum(echoed),
+        "verified": mode == "echo" and not errors,
+        "seconds": round(elapsed, 4),
+        "mb_per_s": round(sent / elapsed / 1e6, 2),
+        "errors": errors,
+    }
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        for error in errors:
+            print(f"polymux connect: {error}", file=sys.stderr, flush=True)
+        check = {
+            "echo": "echoed and verified" if not errors else "NOT verified",
+            "send-only": "sent (no echo expected)",
+            "one-way": "sent one-way (nothing verified: no echo possible)",
+        }[mode]
+        print(
+            f"polymux connect: {args.channels} channels x {format_bytes(args.size)} = {format_bytes(sent)} "
+            f"{check}, in {elapsed:.3f} s: {sent / elapsed / 1e6:.1f} MB/s ({protocol} over {address})"
+            + (f"; {len(errors)} failed" if errors else ""),
+            flush=True,
+        )
+    return EXIT_FAILED if errors else 0
+
+
+async def _channel(
+    session: polymux.Session, index: int, source: _Source, mode: str, chunk: int, echoed: list[int]
+) -> None:
+    reader, writer = await session.open_channel(f"connect/{index}")
+    size = source.size
+
+    async def send() -> None:
+        for offset in range(0, size, chunk):
+            writer.write(source.read(offset, chunk))
+            await writer.drain()
+        if mode == "one-way":
+            writer.close()
+        else:
+            writer.write_eof()
+            await writer.drain()
+
+    async def receive() -> None:
+        got = 0
+        while data := await reader.read(256 * 1024):
+            if mode != "echo":
+                raise Mismatch(f"the peer sent {len(data)} bytes back in {mode} mode")
+            expected = source.read(got, len(data))
+            if data != expected:
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(data, expected, strict=False)) if a != b), len(expected)
+                )
+                raise Mismatch(f"the echo differs at byte {got + at}")
+            got += len(data)
+            echoed[index] = got
+        if mode == "echo" and got != size:
+            raise Mismatch(f"the echo ended after {got} of {size} bytes")
+
+    try:
+        if mode == "one-way":
+            await send()
+        else:
+            await asyncio.gather(send(), receive())
+            writer.close()
+    except BaseException:
+        writer.transport.abort()
+        raise

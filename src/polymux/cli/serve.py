@@ -1,0 +1,163 @@
+"""``polymux serve``: a server that echoes (or discards) every channel of every session,
+logging one line per channel (name, peer, bytes in and out, seconds, outcome).
+
+Ends cleanly on Ctrl-C or SIGTERM: stops listening, closes the sessions (bounded by
+``close_timeout``), removes its unix socket, prints a summary and exits 0. The first line
+on stdout says where it listens (with the real port when ``--tcp HOST:0``). Exit status:
+0 after a clean stop, 1 if it cannot listen, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import polymux
+from polymux.apps.common import (
+    Address,
+    add_address_options,
+    add_session_options,
+    format_bytes,
+    listen,
+    listening_on,
+    parse_address,
+    run as run_loop,
+    session_options,
+    two_way,
+)
+
+
+__all__ = ["register", "run"]
+
+logger = logging.getLogger("polymux.serve")
+
+
+@dataclass
+class _Totals:
+    sessions: int = 0
+    channels: int = 0
+    failed: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``polymux serve``."""
+    parser = sub.add_parser(
+        "serve",
+        help="echo or discard every channel (a peer for `polymux connect`)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_session_options(parser)
+    add_address_options(parser)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--echo", action="store_true", help="send every channel's bytes back (the default)")
+    mode.add_argument("--discard", action="store_true", help="read and drop every channel's bytes")
+    parser.add_argument("--quiet", action="store_true", help="no line per channel")
+    parser.set_defaults(func=run, parser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``polymux serve``."""
+    try:
+        address = parse_address(args.tcp, args.unix)
+        options = session_options(args)
+        polymux.SessionConfig.from_options(**options)
+    except (ValueError, TypeError) as exc:
+        args.parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    if args.quiet:
+        logger.setLevel(logging.WARNING)
+    return run_loop(
+        _serve(args.protocol, address, "discard" if args.discard else "echo", options), use_uvloop=args.uvloop
+    )
+
+
+async def _serve(protocol: str, address: Address, mode: str, options: dict[str, object]) -> int:
+    loop = asyncio.get_running_loop()
+    if mode == "echo" and not two_way(protocol):
+        print(
+            f"polymux serve: {protocol} channels are one-way (the opener writes, we read): "
+            "echo is impossible, serving in discard mode",
+            flush=True,
+        )
+        mode = "discard"
+    echo = mode == "echo"
+    totals = _Totals()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        start = loop.time()
+        label = writer.get_extra_info("channel") or repr(writer.get_extra_info("channel_name"))
+        peer = writer.get_extra_info("peername") or "unix"
+        n_in = n_out = 0
+        outcome = "ok"
+        totals.channels += 1
+        try:
+            while data := await reader.read(256 * 1024):
+                n_in += len(data)
+                if echo:
+                    writer.write(data)
+                    await writer.drain()
+                    n_out += len(data)
+            writer.close()
+        except (ConnectionError, polymux.PolymuxError) as exc:
+            outcome = f"failed: {exc}"
+            totals.failed += 1
+            writer.transport.abort()
+        totals.bytes_in += n_in
+        totals.bytes_out += n_out
+        logger.info(
+            "%s from %s: %d bytes in, %d bytes out, %.3f s, %s",
+            label,
+            _fmt_peer(peer),
+            n_in,
+            n_out,
+            loop.time() - start,
+            outcome,
+        )
+
+    def session_opened(session: polymux.Session) -> None:
+        totals.sessions += 1
+        logger.info("session from %s (%s)", _fmt_peer(session.get_extra_info("peername") or "unix"), protocol)
+
+    try:
+        server = await listen(address, handle, protocol, session_handler=session_opened, **options)
+    except OSError as exc:
+        print(f"polymux serve: cannot listen on {address}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"polymux serve: {mode} {protocol} on {listening_on(server, address)}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        logger.info("stopping")
+        try:
+            await asyncio.wait_for(server.aclose(), 15)
+        except TimeoutError:
+            server.close()
+        if address.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address.path)
+    print(
+        f"polymux serve: stopped; {totals.sessions} sessions, {totals.channels} channels "
+        f"({totals.failed} failed), {format_bytes(totals.bytes_in)} in, {format_bytes(totals.bytes_out)} out",
+        flush=True,
+    )
+    return 0
+
+
+def _fmt_peer(peer: object) -> str:
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
