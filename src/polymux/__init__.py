@@ -16,7 +16,9 @@ from polymux.aio import (
     Session,
     connect,
     connect_unix,
+    connect_websocket,
     over,
+    serve_websocket,
     start_server,
     start_unix_server,
 )
@@ -59,7 +61,9 @@ __all__ = [
     "__version__",
     "connect",
     "connect_unix",
+    "connect_websocket",
     "over",
+    "serve_websocket",
     "start_server",
     "start_unix_server",
 ]

@@ -89,6 +89,14 @@ class SessionConfig:
     """Streamux quick init: ``"request"`` (send at once with our recommended values),
     ``"allow"`` (accept a peer's request), or ``"off"``."""
 
+    # -- omnistreams ------------------------------------------------------------------------
+
+    omnistreams_numbering: str = "spec"
+    """omnistreams message type numbering: ``"spec"`` (CONTROL 0 ... CANCEL_SEND 6) or
+    ``"legacy"`` (CREATE 0, DATA 1, END 2, TERMINATE 3, REQUEST 4, CONTROL 5: npm
+    ``omnistreams`` 0.9.0 and the Go and Rust ports). ``protocol="omnistreams-legacy"``
+    selects the legacy one too."""
+
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
     max_message_size: int | None = None
@@ -159,6 +167,10 @@ class SessionConfig:
         if self.streamux_quick_init not in ("off", "request", "allow"):
             raise ValueError(
                 f"SessionConfig.streamux_quick_init must be 'off', 'request' or 'allow', got {self.streamux_quick_init!r}"
+            )
+        if self.omnistreams_numbering not in ("spec", "legacy"):
+            raise ValueError(
+                f"SessionConfig.omnistreams_numbering must be 'spec' or 'legacy', got {self.omnistreams_numbering!r}"
             )
         if self.slow_reader not in ("block", "reset"):
             raise ValueError(

@@ -6,6 +6,7 @@ from polymux.aio.channel import ChannelStreamReader, ChannelTransport
 from polymux.aio.client import connect, connect_unix, over
 from polymux.aio.server import Server, start_server, start_unix_server
 from polymux.aio.session import MuxProtocol, Session
+from polymux.aio.websocket import connect_websocket, serve_websocket
 
 
 __all__ = [
@@ -16,7 +17,9 @@ __all__ = [
     "Session",
     "connect",
     "connect_unix",
+    "connect_websocket",
     "over",
+    "serve_websocket",
     "start_server",
     "start_unix_server",
 ]

@@ -48,6 +48,25 @@ class ChannelStreamReader(asyncio.StreamReader):
     _transport: ChannelTransport | None
     _buffer: bytearray
     _deferred: Exception | None = None
+    _refuse: str | None = None
+    """Set on the unusable read half of a one-way channel (omnistreams): reads raise
+    :class:`~polymux.exceptions.ChannelClosedError` with this text."""
+
+    def _check_readable(self) -> None:
+        if self._refuse is not None:
+            raise ChannelClosedError(self._refuse)
+
+    async def read(self, n: int = -1) -> bytes:
+        self._check_readable()
+        return await super().read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        self._check_readable()
+        return await super().readexactly(n)
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:  # type: ignore[override]
+        self._check_readable()
+        return await super().readuntil(separator)
 
     def set_exception(self, exc: Exception) -> None:
         """Fail the reader, after the bytes already received have been read.
@@ -161,6 +180,9 @@ class ChannelTransport(asyncio.Transport):
         self._remote_ended = False
         self._local_origin = True
         self._overflow_timer: asyncio.TimerHandle | None = None
+        self._receive_only: str | None = None  # one-way formats: why writes are refused
+        self._partner: ChannelTransport | None = None  # closed with this one (a stream pair)
+        self._extra: dict[str, Any] | None = None  # extra info of one-way channels (metadata)
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
@@ -180,6 +202,24 @@ class ChannelTransport(asyncio.Transport):
         straight into the reader and credit follows what the application consumes."""
         self._protocol = protocol
         self._reader = reader
+        engine = self._mux.engine
+        if getattr(engine, "one_way", False):
+            # One-way streams (omnistreams): the opener only writes, the acceptor only reads.
+            fmt = engine.format
+            if self._local_origin:
+                if reader is not None:
+                    reader._refuse = (
+                        f"{fmt}: {self._label_text} is send-only: {fmt} streams carry data from "
+                        "their opener to their acceptor (open a stream the other way to read)"
+                    )
+            else:
+                self._receive_only = (
+                    f"{fmt}: {self._label_text} is receive-only: {fmt} streams carry data from "
+                    "their opener to their acceptor (open a stream the other way to write)"
+                )
+            metadata = getattr(engine, "metadata", None)
+            if metadata is not None and engine.is_live(self._handle):
+                self._extra = {"metadata": metadata(self._handle)}
         protocol.connection_made(self)
 
     @property
@@ -193,10 +233,13 @@ class ChannelTransport(asyncio.Transport):
         return self._handle
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """``channel_name``, ``channel``, ``session``, ``protocol_name`` and anything the
+        """``channel_name``, ``channel``, ``session``, ``protocol_name``, ``metadata``
+        (omnistreams: the stream's creation metadata bytes) and anything the
         session's own transport knows (``peername``, ``sockname``, ``socket`` ...)."""
         if name == "channel_name":
             return self._name
+        if self._extra is not None and name in self._extra:
+            return self._extra[name]
         if name == "channel":
             return self._label_text
         if name == "session":
@@ -209,6 +252,8 @@ class ChannelTransport(asyncio.Transport):
 
     def write(self, data: BytesLike) -> None:
         """Queue ``data``; it is sent in frames as credit and the socket allow."""
+        if self._receive_only is not None:
+            raise ChannelClosedError(self._receive_only)
         if self._write_error is not None:
             raise self._write_error
         if self._eof_requested:
@@ -240,8 +285,9 @@ class ChannelTransport(asyncio.Transport):
         return True
 
     def write_eof(self) -> None:
-        """Half-close: send our end-of-writing once the buffered data is sent."""
-        if self._eof_requested or self._done:
+        """Half-close: send our end-of-writing once the buffered data is sent (nothing to
+        do on the receive-only half of a one-way channel: ``close()`` ends that one)."""
+        if self._eof_requested or self._done or (self._receive_only is not None and not self._closing):
             return
         self._eof_requested = True
         self._mux._want_send(self)
@@ -478,6 +524,8 @@ class ChannelTransport(asyncio.Transport):
         if self._closing or self._done:
             return
         self._closing = True
+        if self._partner is not None:
+            self._partner.close()
         self._read_closed = True
         self._backlog.clear()
         self._backlog_size = 0

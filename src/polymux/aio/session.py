@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
 
 from polymux._types import CaptureSink
 from polymux.aio.channel import ChannelStreamProtocol, ChannelStreamReader, ChannelTransport
 from polymux.config import SessionConfig
 from polymux.engine import Engine, events as ev, make_engine
+from polymux.engine.omnistreams import ControlReceived
 from polymux.exceptions import (
     ChannelRejected,
     ChannelReset,
@@ -43,6 +45,9 @@ OfferFilter = Callable[[str], bool]
 """``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
 
 StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+_MAX_UNREAD_CONTROLS = 1024
+"""Control messages (omnistreams) held unread before the session stops reading the connection."""
 
 
 class MuxProtocol(asyncio.Protocol):
@@ -87,6 +92,12 @@ class MuxProtocol(asyncio.Protocol):
         self._keepalive: asyncio.Task[None] | None = None
         self._open_timers: dict[int, asyncio.TimerHandle] = {}
         self._capture: CaptureSink | None = None
+        # omnistreams: control messages not yet read, and stream pairs waiting for their answer.
+        self._controls: deque[bytes] = deque()
+        self._control_waiters: deque[asyncio.Future[bytes]] = deque()
+        self._controls_paused = False
+        self._pairs: dict[str, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
+        self._pair_tasks: set[asyncio.Task[None]] = set()
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.session = Session(self)
@@ -254,6 +265,14 @@ class MuxProtocol(asyncio.Protocol):
                 ping.set_exception(error)
                 ping.exception()  # keepalive/RTT pings may have no awaiter: no "never retrieved" log
         self._pings.clear()
+        for control in self._control_waiters:
+            if not control.done():
+                control.set_exception(error)
+        for pair in self._pairs.values():
+            if not pair.done():
+                pair.set_exception(error)
+        self._control_waiters.clear()
+        self._pairs.clear()
         self._wake()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -340,6 +359,94 @@ class MuxProtocol(asyncio.Protocol):
             entry = self._pings.pop(event.opaque, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(self.loop.time() - entry[1])
+        elif isinstance(event, ControlReceived):
+            self._on_control(event.data)
+
+    # -- omnistreams: control messages and stream pairs --------------------------------------
+
+    def send_control(self, data: bytes) -> None:
+        """Send a control message (formats that have them: omnistreams)."""
+        send = getattr(self.engine, "send_control", None)
+        if send is None:
+            raise PolymuxError(f"{self.engine.format} has no control messages")
+        if self._error is not None or self._transport is None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
+        send(data)
+        self._schedule_flush()
+
+    def _on_control(self, data: bytes) -> None:
+        while self._control_waiters:
+            waiter = self._control_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(data)
+                return
+        self._controls.append(data)
+        if len(self._controls) >= _MAX_UNREAD_CONTROLS and not self._controls_paused and self._transport:
+            self._controls_paused = True  # bounded memory: wait for the application to read
+            self._transport.pause_reading()
+
+    async def receive_control(self) -> bytes:
+        """The next control message from the peer."""
+        if self._controls:
+            data = self._controls.popleft()
+            if self._controls_paused and len(self._controls) <= _MAX_UNREAD_CONTROLS // 2:
+                self._controls_paused = False
+                if self._transport is not None:
+                    self._transport.resume_reading()
+            return data
+        if self._error is not None or self._transport is None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
+        waiter: asyncio.Future[bytes] = self.loop.create_future()
+        self._control_waiters.append(waiter)
+        return await waiter
+
+    def _pair_role(self, handle: int) -> tuple[str, str] | None:
+        """``("pair", token)`` for the first half of a stream pair, ``("reply", token)`` for
+        the answer to one of ours, None for a plain stream."""
+        get = getattr(self.engine, "metadata_object", None)
+        meta = get(handle) if get is not None else None
+        if not meta:
+            return None
+        for key, role in (("pair", "pair"), ("replyTo", "reply")):
+            token = meta.get(key)
+            if isinstance(token, str):
+                return role, token
+        return None
+
+    def _on_pair_offer(self, role: str, token: str, name: str, channel: ChannelTransport) -> None:
+        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
+        channel._attach(ChannelStreamProtocol(reader, loop=self.loop), reader)
+        if role == "reply":
+            waiter = self._pairs.pop(token, None)
+            if waiter is None or waiter.done():
+                channel.abort()  # an answer nobody waits for
+            else:
+                waiter.set_result((reader, channel))
+            return
+        task = self.loop.create_task(self._answer_pair(name, token, reader, channel))
+        self._pair_tasks.add(task)
+        task.add_done_callback(self._pair_tasks.discard)
+
+    async def _answer_pair(
+        self, name: str, token: str, reader: ChannelStreamReader, inbound: ChannelTransport
+    ) -> None:
+        """The peer opened the first half of a pair: open the other half back, then hand
+        ``(reader, writer)`` to the handler or to ``accept_channel``."""
+        out_reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
+        protocol = ChannelStreamProtocol(out_reader, loop=self.loop)
+        try:
+            out = await self.open_channel(name, protocol, out_reader, metadata={"replyTo": token})
+        except PolymuxError as exc:
+            logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, exc)
+            inbound.abort()
+            return
+        out._partner = inbound
+        writer = asyncio.StreamWriter(out, protocol, reader, self.loop)
+        if self._handler is not None:
+            await self._run_handler(reader, writer)
+            return
+        self._incoming.append((name, (reader, writer)))
+        self._serve_accept_waiters()
 
     def _on_offer(self, handle: int, name: str) -> None:
         engine = self.engine
@@ -370,6 +477,10 @@ class MuxProtocol(asyncio.Protocol):
         engine.accept_channel(handle)
         channel = self._new_channel(handle, name, local=False)
         channel._accepted = True
+        role = self._pair_role(handle) if getattr(engine, "one_way", False) else None
+        if role is not None:
+            self._on_pair_offer(role[0], role[1], name, channel)
+            return
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         if self._handler is not None:
             protocol = ChannelStreamProtocol(reader, self._run_handler, loop=self.loop)
@@ -458,9 +569,15 @@ class MuxProtocol(asyncio.Protocol):
             transport.resume_reading()
 
     async def open_channel(
-        self, name: str, protocol: asyncio.BaseProtocol, reader: ChannelStreamReader | None = None
+        self,
+        name: str,
+        protocol: asyncio.BaseProtocol,
+        reader: ChannelStreamReader | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
     ) -> ChannelTransport:
-        """Offer a channel and wait until the peer accepts it."""
+        """Offer a channel and wait until the peer accepts it (``metadata``: extra keys of
+        omnistreams creation metadata)."""
         await self.ready
         self._check_open()
         config = self.config
@@ -471,7 +588,10 @@ class MuxProtocol(asyncio.Protocol):
                 f"{self.engine.format}: max_outbound_channels={config.max_outbound_channels} channels are open"
             )
         try:
-            handle = self.engine.open_channel(name)
+            if metadata is None:
+                handle = self.engine.open_channel(name)
+            else:
+                handle = cast(Any, self.engine).open_channel(name, extra=metadata)
         except RuntimeError as exc:  # e.g. every request id in flight (Streamux)
             raise LimitExceeded(str(exc)) from None
         channel = self._new_channel(handle, self.engine.channel_name(handle), local=True)
@@ -763,6 +883,42 @@ class Session:
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
         return reader, writer
+
+    async def open_pair(self, name: str = "") -> StreamPair:
+        """A bidirectional ``(reader, writer)`` on any format. On omnistreams, whose streams
+        are one-way, this opens a stream to the peer and waits for the polymux peer to open
+        one back (creation metadata ``{"pair": token}`` / ``{"replyTo": token}``); its
+        handler or ``accept_channel`` gets the matching pair. ``writer.close()`` ends both
+        streams. A peer that does not answer pairs (not polymux) never completes it: bound
+        the wait with ``asyncio.timeout``. Other formats: the same as :meth:`open_channel`."""
+        mux = self._mux
+        if not getattr(mux.engine, "one_way", False):
+            return await self.open_channel(name)
+        token = os.urandom(8).hex()
+        answer: asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]] = mux.loop.create_future()
+        mux._pairs[token] = answer
+        reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
+        protocol = ChannelStreamProtocol(reader, loop=mux.loop)
+        out: ChannelTransport | None = None
+        try:
+            out = await mux.open_channel(name, protocol, reader, metadata={"pair": token})
+            in_reader, inbound = await answer
+        except BaseException:
+            mux._pairs.pop(token, None)
+            if out is not None:
+                out.abort()
+            raise
+        out._partner = inbound
+        return in_reader, asyncio.StreamWriter(out, protocol, in_reader, mux.loop)
+
+    def send_control(self, data: bytes) -> None:
+        """Send a control message: session-level bytes (omnistreams)."""
+        self._mux.send_control(data)
+
+    async def receive_control(self) -> bytes:
+        """Wait for the peer's next control message (omnistreams). Raises
+        :class:`~polymux.exceptions.SessionClosed` when the session ends first."""
+        return await self._mux.receive_control()
 
     async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
         """Send ``body`` on a new channel, end it, and return everything the peer answers

@@ -32,6 +32,11 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
         from polymux.engine.yamux import YamuxEngine
 
         return YamuxEngine(config, is_client=is_client)
+    if protocol in ("omnistreams", "omnistreams-legacy"):
+        from polymux.engine.omnistreams import OmnistreamsEngine
+
+        numbering = "legacy" if protocol == "omnistreams-legacy" else None
+        return OmnistreamsEngine(config, numbering=numbering)
     if protocol in ("mplex", "multiplex"):
         from polymux.engine.mplex import MplexEngine
 

@@ -11,8 +11,18 @@ same classes: the unit is whatever the format counts.
 
 from __future__ import annotations
 
+from collections import deque
 
-__all__ = ["UNLIMITED", "ReceiveWindow", "SendCredit", "default_ack_threshold"]
+
+__all__ = [
+    "UNLIMITED",
+    "MessageCredit",
+    "MessageWindow",
+    "ReceiveWindow",
+    "SendCredit",
+    "default_ack_threshold",
+    "split_count",
+]
 
 UNLIMITED = 1 << 62
 """Credit reported for a direction without flow control (e.g. MultiplexingStream v1)."""
@@ -126,3 +136,82 @@ class ReceiveWindow:
         self.pending = 0
         self.outstanding -= n
         return n
+
+
+# -- message credit (omnistreams) ---------------------------------------------------------------
+
+
+def split_count(n: int, most: int = 255) -> list[int]:
+    """``n`` as parts of at most ``most`` (omnistreams requests at most 255 per message)."""
+    if n < 0:
+        raise ValueError(f"count must be >= 0, got {n}")
+    parts = [most] * (n // most)
+    if n % most:
+        parts.append(n % most)
+    return parts
+
+
+class MessageCredit(SendCredit):
+    """Send side of a credit counted in **messages** of at most ``chunk`` bytes each
+    (omnistreams): ``window`` is the total the peer requested, ``in_flight`` what we sent."""
+
+    __slots__ = ("chunk",)
+
+    def __init__(self, chunk: int) -> None:
+        if chunk <= 0:
+            raise ValueError(f"chunk size must be positive, got {chunk}")
+        super().__init__(0)
+        self.chunk = chunk
+
+    @property
+    def available_bytes(self) -> int:
+        """Bytes that fit in the messages the peer still allows."""
+        return self.available * self.chunk
+
+    def messages_for(self, n: int) -> int:
+        """Messages that ``n`` bytes take (at least one: an empty write is one message)."""
+        return max(1, -(-n // self.chunk))
+
+    def consume_bytes(self, n: int) -> int:
+        """Account for sending ``n`` bytes; return the number of messages they take."""
+        messages = self.messages_for(n)
+        self.consume(messages)
+        return messages
+
+
+class MessageWindow(ReceiveWindow):
+    """Receive side of a message credit: at most ``window`` unacknowledged messages; the
+    application consumes *bytes*, and a message counts as consumed once all its bytes are.
+    Credit goes back in batches of ``threshold`` messages."""
+
+    __slots__ = ("_sizes", "_spare")
+
+    def __init__(self, window: int, threshold: int) -> None:
+        super().__init__(window, threshold)
+        self._sizes: deque[int] = deque()
+        self._spare = 0  # consumed bytes of the oldest, partly consumed message
+
+    def received_message(self, size: int) -> bool:
+        """A message of ``size`` payload bytes arrived. Returns False when it overruns the
+        window. An empty message counts as consumed at once."""
+        if not self.received(1):
+            return False
+        if size == 0:
+            self.pending += 1
+        else:
+            self._sizes.append(size)
+        return True
+
+    def consumed_bytes(self, n: int) -> int:
+        """The application consumed ``n`` bytes. Returns the messages to credit now (0: none yet)."""
+        spare = self._spare + n
+        sizes = self._sizes
+        done = 0
+        while sizes and spare >= sizes[0]:
+            spare -= sizes.popleft()
+            done += 1
+        self._spare = spare if sizes else 0
+        self.pending += done
+        if self.pending >= self.threshold:
+            return self.flush()
+        return 0

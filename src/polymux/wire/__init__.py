@@ -5,5 +5,15 @@ from __future__ import annotations
 
 __all__ = ["PROTOCOLS"]
 
-PROTOCOLS = ("mstream-v1", "mstream-v2", "mstream-v3", "mplex", "multiplex", "yamux", "streamux")
+PROTOCOLS = (
+    "mstream-v1",
+    "mstream-v2",
+    "mstream-v3",
+    "mplex",
+    "multiplex",
+    "yamux",
+    "streamux",
+    "omnistreams",
+    "omnistreams-legacy",
+)
 """Protocol names polymux speaks (``protocol=``)."""
