@@ -135,6 +135,9 @@ class ChatServer:
                             "ts": time.time(),
                         },
                     )
+                    # Let the members' writers run before the next record: a burst read at
+                    # once must not fill the queues of members that keep up.
+                    await asyncio.sleep(0)
                 elif record["type"] == "leave":
                     break
                 else:

@@ -1,0 +1,195 @@
+"""A chat client over polymux: one channel per room joined.
+
+    python examples/chat/client.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --nick ada --room lobby
+
+Interactive by default: each line of stdin is a message to the first room (``#room
+text`` picks another joined room); end of input leaves. Scripted use (tests, load):
+``--say TEXT`` sends lines, ``--send N --size BYTES`` sends N generated messages,
+``--expect N`` waits for N messages from others, and ``--pause-reading-after N`` stops
+reading after N messages until the process gets SIGUSR1 (a slow client).
+
+Exit status: 0 after leaving normally, 1 on errors, 2 if a join is refused, 3 if the
+server disconnected us (e.g. the slow-client policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
+
+from polymux import PolymuxError
+from polymux.apps.chat import ChatClient
+from polymux.apps.common import (
+    add_address_options,
+    add_session_options,
+    connect,
+    parse_address,
+    parse_size,
+    run,
+    session_options,
+    two_way,
+)
+from polymux.apps.records import RecordError
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.own = 0
+        self.others = 0
+        self.own_done = asyncio.Event()
+        self.others_done = asyncio.Event()
+        self.resume = asyncio.Event()
+        self.disconnected: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def show(self, line: str) -> None:
+        print(line, flush=True)
+
+
+async def read_room(client: ChatClient, room: str, state: State) -> None:
+    args = state.args
+    received = 0
+    paused = False
+    try:
+        while True:
+            if args.pause_reading_after is not None and received == args.pause_reading_after and not paused:
+                paused = True
+                state.show(f"paused reading #{room} after {received} messages (SIGUSR1 resumes)")
+                await state.resume.wait()
+                state.show(f"resumed reading #{room}")
+            record = await client.read(room)
+            if record is None:
+                state.show(f"the server closed #{room}")
+                break
+            kind = record["type"]
+            if kind == "msg":
+                received += 1
+                if record.get("nick") == client.nick:
+                    state.own += 1
+                    if args.send is not None and state.own >= args.send + len(args.say):
+                        state.own_done.set()
+                else:
+                    state.others += 1
+                    if args.expect is not None and state.others >= args.expect:
+                        state.others_done.set()
+                if not args.quiet:
+                    state.show(f"[#{room}] {record.get('nick')}: {record.get('text')}")
+            elif kind == "joined":
+                state.show(f"* {record.get('nick')} joined #{room}")
+            elif kind == "left":
+                state.show(f"* {record.get('nick')} left #{room} ({record.get('reason')})")
+            elif kind == "dropped":
+                state.show(
+                    f"* the server dropped {record.get('count')} messages of #{room} for us (too slow)"
+                )
+            elif kind == "error":
+                state.show(f"* error from the server: {record.get('message')}")
+    except (ConnectionError, PolymuxError, RecordError) as exc:
+        if not state.disconnected.done():
+            state.disconnected.set_result(f"disconnected from #{room}: {exc}")
+
+
+async def interactive(client: ChatClient, rooms: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        text = line.rstrip("\n")
+        room = rooms[0]
+        if text.startswith("#") and " " in text and text[1:].split(" ", 1)[0] in rooms:
+            room, text = text[1:].split(" ", 1)
+        if text:
+            await client.say(room, text)
+
+
+async def main(args: argparse.Namespace) -> int:
+    state = State(args)
+    address = parse_address(args.tcp, args.unix)
+    try:
+        session = await connect(address, args.protocol, **session_options(args))
+    except (OSError, PolymuxError) as exc:
+        print(f"chat: cannot connect to {address}: {exc}", file=sys.stderr)
+        return 1
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, state.resume.set)
+    async with session:
+        client = ChatClient(session, args.nick)
+        readers = []
+        for room in args.room:
+            try:
+                welcome = await client.join(room)
+            except ValueError as exc:
+                print(f"chat: {exc}", file=sys.stderr)
+                return 2
+            state.show(f"joined #{room} as {args.nick}; members: {', '.join(welcome.get('members', []))}")
+            readers.append(asyncio.create_task(read_room(client, room, state)))
+        goals: list[Any] = []
+        if args.send is not None or args.say:
+            args.send = args.send or 0
+            goals.append(state.own_done.wait())
+        if args.expect is not None:
+            goals.append(state.others_done.wait())
+        first = args.room[0]
+        work = asyncio.ensure_future(
+            send_all(client, first, args) if goals else interactive(client, args.room)
+        )
+        done = asyncio.gather(work, *goals)
+        finished, _pending = await asyncio.wait(
+            {done, state.disconnected}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if state.disconnected in finished:
+            done.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await done
+            for task in readers:
+                task.cancel()
+            state.show(f"chat: {state.disconnected.result()}")
+            session.abort()
+            return 3
+        for room in list(client.channels):
+            await client.leave(room)
+        for task in readers:
+            task.cancel()
+    state.show(f"chat: left; received {state.others} messages from others, {state.own} of our own echoed")
+    return 0
+
+
+async def send_all(client: ChatClient, room: str, args: argparse.Namespace) -> None:
+    for text in args.say:
+        await client.say(room, text)
+    for i in range(args.send or 0):
+        prefix = f"{args.nick} message {i} "
+        await client.say(room, prefix + "." * max(0, args.size - len(prefix)))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_session_options(parser)
+    add_address_options(parser)
+    parser.add_argument("--nick", required=True)
+    parser.add_argument("--room", action="append", help="room to join (repeatable; default lobby)")
+    parser.add_argument("--say", action="append", default=[], metavar="TEXT", help="send TEXT (repeatable)")
+    parser.add_argument(
+        "--send", type=int, metavar="N", help="send N generated messages, wait for their echo"
+    )
+    parser.add_argument("--size", type=parse_size, default=64, help="characters per generated message (64)")
+    parser.add_argument("--expect", type=int, metavar="N", help="leave after N messages from others")
+    parser.add_argument("--pause-reading-after", type=int, metavar="N", help="stop reading after N messages")
+    parser.add_argument("--quiet", action="store_true", help="do not print messages")
+    args = parser.parse_args()
+    args.room = args.room or ["lobby"]
+    try:
+        parse_address(args.tcp, args.unix)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not two_way(args.protocol):
+        parser.error(f"{args.protocol} channels are one-way; the chat needs two-way channels")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    sys.exit(run(main(arguments), use_uvloop=arguments.uvloop))
