@@ -1,0 +1,54 @@
+"""Opt-in tracing of polymux sessions, and decoding of what crossed the wire.
+
+* :class:`CaptureRecorder` records each session's raw bytes (both directions, timestamped)
+  into rotating Parquet files, and optionally the decoded frames
+  (``SessionConfig(capture=CaptureRecorder(directory))``). Off by default; nearly free
+  when off.
+* :func:`read_capture` / :func:`read_capture_bytes` read a capture file back;
+  :func:`read_pcap` / :func:`read_pcap_bytes` reassemble the TCP flows of a pcap or pcapng
+  file (tcpdump, tshark) into the same chunks.
+* :func:`decode_chunks` decodes chunks with the :mod:`polymux.wire` codecs into
+  :class:`FrameRecord` rows (:data:`FRAME_FIELDS`), passively: never raises on bad input.
+* :func:`detect_format` guesses the format from the first bytes of each direction.
+
+The file format and the record fields are documented in ``docs/tracing.md``. Nothing here
+imports pyspark; pyarrow (captures) and dpkt (pcap) are imported when used.
+"""
+
+from __future__ import annotations
+
+from polymux.tracing.capture import (
+    CAPTURE_VERSION,
+    Capture,
+    CaptureRecorder,
+    read_capture,
+    read_capture_bytes,
+    read_session,
+)
+from polymux.tracing.decode import FrameDecoder, decode_chunks
+from polymux.tracing.detect import detect_format
+from polymux.tracing.pcap import Flow, read_pcap, read_pcap_bytes
+from polymux.tracing.records import C2S, FRAME_FIELDS, FRAME_TYPES, S2C, Chunk, FrameRecord, frame_schema
+
+
+__all__ = [
+    "C2S",
+    "CAPTURE_VERSION",
+    "FRAME_FIELDS",
+    "FRAME_TYPES",
+    "S2C",
+    "Capture",
+    "CaptureRecorder",
+    "Chunk",
+    "Flow",
+    "FrameDecoder",
+    "FrameRecord",
+    "decode_chunks",
+    "detect_format",
+    "frame_schema",
+    "read_capture",
+    "read_capture_bytes",
+    "read_pcap",
+    "read_pcap_bytes",
+    "read_session",
+]

@@ -1,0 +1,94 @@
+"""Guess a connection's wire format from the first bytes each side sent.
+
+What tells the formats apart (checked in this order):
+
+* ``mstream-v1``: the handshake starts with the magic ``2f df 1d 50``.
+* ``mstream-v2``: the handshake is msgpack ``[[2, minor], bin(16)]``: ``92 92 02``.
+* ``streamux``: a 5-byte initialize message, version 1, reserved bits 0, valid bit ranges.
+* ``yamux``: 12-byte headers with version 0, a known type and flags; the first frame opens
+  (SYN) a stream or pings.
+* ``mstream-v3``: a msgpack array frame, the first an Offer (code 0).
+* ``omnistreams``: 4-byte length prefixes, the first message a CREATE_RECEIVE_STREAM or
+  CONTROL (spec numbering first, then the legacy one).
+* ``mplex``: varint frames, the first a NEW_STREAM. ``multiplex`` is the same wire format
+  and is reported as ``mplex``.
+
+Besides the first bytes, the heads must decode without a violation. Returns ``None`` when
+nothing fits, or both heads are empty.
+"""
+
+from __future__ import annotations
+
+from polymux.tracing.decode import decode_chunks
+from polymux.tracing.records import C2S, S2C, FrameRecord
+from polymux.wire import PROTOCOLS
+
+
+__all__ = ["detect_format"]
+
+_V1_MAGIC = bytes.fromhex("2fdf1d50")
+
+
+def _decode(fmt: str, c2s: bytes, s2c: bytes) -> list[FrameRecord] | None:
+    chunks = [(0, d, data) for d, data in ((C2S, c2s), (S2C, s2c)) if data]
+    records = list(decode_chunks(fmt, chunks, session="detect"))
+    if any(r.frame_type == "violation" for r in records):
+        return None
+    if not any(r.frame_type != "truncated" for r in records):
+        return None
+    return records
+
+
+def _first(records: list[FrameRecord], direction: str) -> FrameRecord | None:
+    for r in records:
+        if r.direction == direction:
+            return r
+    return None
+
+
+def _starts(records: list[FrameRecord], heads: dict[str, bytes], types: tuple[str, ...]) -> bool:
+    """Each non-empty direction's first record is one of ``types`` (or truncated, when
+    the head is too short to hold one frame)."""
+    for direction, head in heads.items():
+        if not head:
+            continue
+        first = _first(records, direction)
+        if first is not None and first.frame_type not in types and first.frame_type != "truncated":
+            return False
+    return True
+
+
+def detect_format(c2s_head: bytes, s2c_head: bytes) -> str | None:
+    """The wire format of a connection whose client sent ``c2s_head`` first and whose
+    server sent ``s2c_head`` (either may be empty), or ``None`` when the bytes do not
+    tell (see the module docstring for the rules)."""
+    c2s, s2c = bytes(c2s_head), bytes(s2c_head)
+    heads = {C2S: c2s, S2C: s2c}
+    present = [h for h in (c2s, s2c) if h]
+    if not present:
+        return None
+    if all(h[:4] == _V1_MAGIC[: len(h[:4])] for h in present) and any(len(h) >= 4 for h in present):
+        return "mstream-v1"
+    if all(h[:3] == b"\x92\x92\x02"[: len(h[:3])] for h in present) and any(len(h) >= 3 for h in present):
+        return "mstream-v2"
+    if all(h[0] == 1 for h in present):
+        records = _decode("streamux", c2s, s2c)
+        if records is not None and _starts(records, heads, ("handshake",)):
+            return "streamux"
+    if all(h[0] == 0 for h in present):
+        records = _decode("yamux", c2s, s2c)
+        if records is not None and _starts(records, heads, ("open", "ping", "open_ack", "pong", "go_away")):
+            return "yamux"
+    if all(h[0] in (0x93, 0x94) for h in present):
+        records = _decode("mstream-v3", c2s, s2c)
+        if records is not None and _starts(records, heads, ("open", "open_ack", "data")):
+            return "mstream-v3"
+    for fmt in ("omnistreams", "omnistreams-legacy"):
+        if fmt in PROTOCOLS and all(len(h) < 2 or h[:2] == b"\x00\x00" for h in present):
+            records = _decode(fmt, c2s, s2c)
+            if records is not None and _starts(records, heads, ("open", "control")):
+                return fmt
+    records = _decode("mplex", c2s, s2c)
+    if records is not None and _starts(records, heads, ("open",)):
+        return "mplex"
+    return None
