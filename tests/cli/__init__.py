@@ -1,0 +1,1 @@
+"""Tests of the polymux command (subprocesses, as a user runs it)."""

@@ -1,0 +1,46 @@
+"""``polymux demo`` (what ``scripts/demo`` runs), without a terminal: a real file
+transfer to an embedded server, plain progress lines, the summary with the throughput."""
+
+from __future__ import annotations
+
+import re
+
+from .procs import Procs
+
+
+async def test_demo_default_without_a_tty(procs: Procs) -> None:
+    demo = await procs.polymux("demo")
+    assert await demo.wait(timeout=90) == 0, demo.describe()
+    out = demo.stdout
+    assert re.search(
+        r"16 files, 64\.0 MiB in all, one channel per file .* over one mstream-v3 connection", out
+    )
+    assert re.search(
+        r"^progress +\d+\.\d% .* MB/s$", out, re.MULTILINE
+    )  # plain progress lines, no escape codes
+    assert "\x1b[" not in out
+    assert out.count("  done      ") == 16
+    assert re.search(
+        r"16/16 files verified \(SHA-256\), 64\.0 MiB in all; sent 64\.0 MiB in [\d.]+ s = [\d.]+ MB/s", out
+    )
+    assert "16/16 identical to the originals" in out
+
+
+async def test_demo_other_format_rich_progress(procs: Procs) -> None:
+    demo = await procs.polymux(
+        "demo", "--protocol", "yamux", "--files", "3", "--size", "2", "--progress", "rich"
+    )
+    assert await demo.wait(timeout=60) == 0, demo.describe()
+    assert "total" in demo.stdout and "3/3 files" in demo.stdout
+    assert "3/3 identical to the originals" in demo.stdout
+
+
+async def test_demo_refuses_one_way_formats(procs: Procs) -> None:
+    import polymux
+    from polymux.apps.common import two_way
+
+    one_way = [p for p in polymux.PROTOCOLS if not two_way(p)]
+    for protocol in one_way:
+        demo = await procs.polymux("demo", "--protocol", protocol)
+        assert await demo.wait() == 2
+        assert "one-way" in demo.stderr

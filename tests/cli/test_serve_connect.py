@@ -1,0 +1,179 @@
+"""``polymux serve`` and ``polymux connect`` run as subprocesses, as a user runs them:
+connect against serve for every wire format polymux speaks (picked up from
+``polymux.PROTOCOLS``, so a newly landed format is tested too), TCP and unix sockets,
+pattern and file, echo and discard, clean stop on SIGTERM, errors and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+import polymux
+from polymux.apps.common import two_way
+
+from .procs import Proc, Procs
+
+
+SIZE = 512 * 1024
+
+
+async def serve(procs: Procs, protocol: str, *extra: str) -> tuple[Proc, str]:
+    """Start ``polymux serve``; return it and its address argument."""
+    server = await procs.polymux("serve", "--protocol", protocol, *extra, name=f"serve {protocol}")
+    m = await server.line(r" on (tcp:(\S+)|unix:(\S+))$")
+    if m.group(2):
+        return server, m.group(2)
+    return server, m.group(3)
+
+
+@pytest.mark.parametrize("protocol", polymux.PROTOCOLS)
+async def test_connect_against_serve_every_format(procs: Procs, protocol: str) -> None:
+    server, addr = await serve(procs, protocol, "--tcp", "127.0.0.1:0")
+    client = await procs.polymux(
+        "connect", "--protocol", protocol, "--tcp", addr, "--channels", "4", "--size", str(SIZE), "--json"
+    )
+    assert await client.wait() == 0, client.describe() + server.describe()
+    summary = json.loads(client.out[-1])
+    assert summary["protocol"] == protocol and summary["channels"] == 4 and summary["bytes"] == 4 * SIZE
+    assert summary["errors"] == [] and summary["seconds"] > 0 and summary["mb_per_s"] > 0
+    # One line per channel on the server, with what it read and wrote.
+    await server.wait_for(
+        lambda: len([ln for ln in server.err if "bytes out" in ln]) == 4,
+        "4 channel lines",
+    )
+    channel_lines = [line for line in server.err if "bytes out" in line]
+    assert all(f"{SIZE} bytes in" in line and line.endswith("ok") for line in channel_lines), channel_lines
+    if two_way(protocol):
+        assert summary["mode"] == "echo" and summary["verified"] is True
+        assert summary["echoed"] == 4 * SIZE
+        assert all(f"{SIZE} bytes out" in line for line in channel_lines)
+    else:
+        # One-way channels (omnistreams): no echo is possible. A different, explicit mode:
+        # the server says it discards, the client reports it sent without verification,
+        # and the server's per-channel lines prove every byte arrived.
+        assert summary["mode"] == "one-way" and summary["verified"] is False
+        assert summary["echoed"] == 0
+        assert any("one-way" in line and "discard mode" in line for line in server.out)
+        assert all(" 0 bytes out" in line for line in channel_lines)
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert re.search(r"stopped; 1 sessions, 4 channels \(0 failed\)", server.stdout)
+
+
+async def test_unix_socket_file_echo(procs: Procs, short_tmp: Path) -> None:
+    sock = short_tmp / "s.sock"
+    data = bytes(range(256)) * 3001  # 768,256 bytes, not a multiple of the write size
+    (short_tmp / "payload").write_bytes(data)
+    server, _ = await serve(procs, "mstream-v2", "--unix", str(sock), "--window", "64K")
+    client = await procs.polymux(
+        "connect",
+        "--protocol",
+        "mstream-v2",
+        "--unix",
+        str(sock),
+        "-n",
+        "3",
+        "--file",
+        str(short_tmp / "payload"),
+    )
+    assert await client.wait() == 0, client.describe()
+    assert "mode echo" in client.out[0]
+    assert re.search(
+        r"3 channels x 750\.2 KiB = 2\.2 MiB echoed and verified, in [\d.]+ s: [\d.]+ MB/s", client.stdout
+    )
+    server.send_signal(signal.SIGINT)
+    assert await server.wait() == 0
+    assert not sock.exists()  # removed on a clean stop
+
+
+async def test_discard_and_send_only_with_a_pattern(procs: Procs) -> None:
+    server, addr = await serve(procs, "yamux", "--tcp", "127.0.0.1:0", "--discard")
+    client = await procs.polymux(
+        "connect",
+        "--protocol",
+        "yamux",
+        "--tcp",
+        addr,
+        "-n",
+        "2",
+        "--size",
+        "100K",
+        "--pattern",
+        "hello ",
+        "--send-only",
+    )
+    assert await client.wait() == 0, client.describe()
+    assert "mode send-only" in client.out[0]
+    assert "sent (no echo expected)" in client.stdout
+    await server.wait_for(
+        lambda: sum("102400 bytes in, 0 bytes out" in ln for ln in server.err) == 2, "2 lines"
+    )
+
+
+async def test_echo_mismatch_is_caught(procs: Procs) -> None:
+    """A peer that corrupts one byte of the echo makes connect fail (exit 1), naming
+    the channel and the offset."""
+
+    async def bad_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen = 0
+        while data := await reader.read(65536):
+            if seen <= 100_000 < seen + len(data):
+                data = bytearray(data)
+                data[100_000 - seen] ^= 0xFF
+            seen += len(data)
+            writer.write(bytes(data))
+            await writer.drain()
+        writer.close()
+
+    async with await polymux.start_server(bad_echo, "127.0.0.1", 0, protocol="mplex") as server:
+        client = await procs.polymux(
+            "connect", "--protocol", "mplex", "--tcp", f"127.0.0.1:{server.port}", "-n", "2", "--size", "300K"
+        )
+        assert await client.wait() == 1, client.describe()
+    assert "channel 0: the echo differs at byte 100000" in client.stderr
+    assert "channel 1: the echo differs at byte 100000" in client.stderr
+    assert "NOT verified" in client.stdout and client.stdout.endswith("; 2 failed")
+
+
+async def test_errors_and_exit_codes(procs: Procs, short_tmp: Path) -> None:
+    # Nothing listens there: exit 3 with a clear message.
+    client = await procs.polymux(
+        "connect", "--protocol", "mstream-v3", "--unix", str(short_tmp / "none.sock")
+    )
+    assert await client.wait() == 3
+    assert "cannot connect to unix:" in client.stderr and "mstream-v3" in client.stderr
+    # Bad arguments: exit 2 (argparse), naming the option and the value.
+    bad = await procs.polymux("connect", "--protocol", "yamux", "--tcp", "localhost:http")
+    assert await bad.wait() == 2
+    assert "--tcp: expected HOST:PORT" in bad.stderr
+    bad = await procs.polymux("connect", "--protocol", "yamux", "--tcp", "127.0.0.1:1", "--size", "lots")
+    assert await bad.wait() == 2 and "--size" in bad.stderr
+    bad = await procs.polymux("serve", "--protocol", "nope", "--tcp", "127.0.0.1:0")
+    assert await bad.wait() == 2 and "--protocol" in bad.stderr
+    # The port is taken: serve cannot listen, exit 1.
+    first, addr = await serve(procs, "mplex", "--tcp", "127.0.0.1:0")
+    second = await procs.polymux("serve", "--protocol", "mplex", "--tcp", addr)
+    assert await second.wait() == 1
+    assert f"cannot listen on tcp:{addr}" in second.stderr
+    first.send_signal(signal.SIGTERM)
+    assert await first.wait() == 0
+
+
+@pytest.mark.parametrize("command", ["serve", "connect", "demo"])
+async def test_help(procs: Procs, command: str) -> None:
+    proc = await procs.polymux(command, "--help")
+    assert await proc.wait() == 0
+    assert proc.stdout.startswith(f"usage: polymux {command}")
+    assert "--protocol" in proc.stdout
+
+
+async def test_top_level_help_lists_subcommands(procs: Procs) -> None:
+    proc = await procs.polymux("--help")
+    assert await proc.wait() == 0
+    for command in ("demo", "serve", "connect"):
+        assert re.search(rf"^\s+{command}\s", proc.stdout, re.MULTILINE), proc.stdout
