@@ -107,6 +107,8 @@ class _Tracker:
         ping_id: int | None = None,
         error: str | None = None,
     ) -> FrameRecord:
+        if self.decoder.one_way:
+            credit, credit_dir = None, ""
         return FrameRecord(
             self.decoder.session,
             direction,
@@ -207,7 +209,7 @@ class _YamuxTracker(_Tracker):
             if n or not flags & 15:
                 credit = self._credit(sid, direction)
                 credit.in_flight += n
-                if credit.left < 0:
+                if credit.left < 0 and not self.decoder.one_way:
                     raise _Violation(
                         f"{self.fmt}: stream {sid} overran its send window: {n} bytes with "
                         f"{credit.left + n} left",
@@ -299,7 +301,7 @@ class _MStreamTracker(_Tracker):
             if credit is None:  # no window granted to this direction yet (not accepted)
                 credit = self.credit[(channel, direction)] = _Credit(0)
             credit.in_flight += n
-            if credit.left < 0:
+            if credit.left < 0 and not self.decoder.one_way:
                 raise _Violation(
                     f"{self.fmt}: channel {channel}: Content of {n} bytes overran the send window "
                     f"({credit.left + n} bytes left)"
@@ -328,7 +330,7 @@ class _MStreamTracker(_Tracker):
             if code == 5 and flow:  # ContentProcessed: a delta for the other direction
                 processed = wire.decode_content_processed(self.version, payload)
                 grant = self.credit.setdefault((channel, other), _Credit(0))
-                if processed > grant.in_flight:
+                if processed > grant.in_flight and not self.decoder.one_way:
                     raise _Violation(
                         f"{self.fmt}: channel {channel}: ContentProcessed acknowledges {processed} bytes, "
                         f"but only {grant.in_flight} are in flight"
@@ -513,6 +515,8 @@ class _StreamuxTracker(_Tracker):
                 self.negotiated = self.wire.Negotiated(
                     *self.wire.cap_bits(message.id_rec, message.length_rec)
                 )
+            elif self.decoder.one_way:  # the peer's message is not there: assume it matched
+                self.negotiated = self.wire.negotiate(message, message)
             elif len(self.inits) == 2:
                 self.negotiated = self.wire.negotiate(self.inits[C2S], self.inits[S2C])
         except ProtocolError:
@@ -643,9 +647,9 @@ class _OmniTracker(_Tracker):
         if kind is K.CONTROL:
             return [rec(direction, time_ns, offset, "", "control", n, flags)]
         sid = item.stream_id
-        # Data flows from the stream's creator; the receiver sends REQUEST_DATA and
-        # CANCEL_RECEIVE, the creator everything else.
-        receiver_side = kind in (K.REQUEST_DATA, K.CANCEL_RECEIVE)
+        # Data flows from the stream's creator: it sends CREATE, DATA, END and
+        # CANCEL_RECEIVE; the receiver sends REQUEST_DATA and CANCEL_SEND.
+        receiver_side = kind in (K.REQUEST_DATA, K.CANCEL_SEND)
         sender = _OTHER[direction] if receiver_side else direction
         key = f"{_PREFIX[sender]}{sid}"
         if kind is K.CREATE:
@@ -656,9 +660,9 @@ class _OmniTracker(_Tracker):
         credit = self.credit.setdefault(channel, _Credit(0))
         if kind is K.DATA:
             credit.in_flight += 1
-            if credit.left < 0:
+            if credit.left < 0 and not self.decoder.one_way:
                 raise _Violation(
-                    f"{self.fmt}: stream {channel}: STREAM_DATA without a requested message credit"
+                    f"{self.fmt}: stream {channel}: STREAM_DATA beyond the requested message credit"
                 )
             return [rec(direction, time_ns, offset, channel, "data", n, flags, credit.left, sender)]
         if kind is K.REQUEST_DATA:
@@ -669,9 +673,7 @@ class _OmniTracker(_Tracker):
             ]
         if kind is K.END:
             return [rec(direction, time_ns, offset, channel, "end", n, flags)]
-        if kind is K.CANCEL_RECEIVE:
-            return [rec(direction, time_ns, offset, channel, "stop_reading", n, flags)]
-        return [rec(direction, time_ns, offset, channel, "reset", n, flags)]
+        return [rec(direction, time_ns, offset, channel, "reset", n, flags)]  # either cancel
 
 
 # -- the decoder ---------------------------------------------------------------------------
@@ -703,11 +705,15 @@ class FrameDecoder:
     Args:
         format: one of :data:`polymux.PROTOCOLS` (``ValueError`` otherwise).
         session: the ``session`` value of the records.
+        one_way: only one direction was captured: credit is not tracked (``None``, no
+            flow-control violations), and Streamux assumes the other side's initialize
+            message equalled this side's.
     """
 
-    def __init__(self, format: str, *, session: str) -> None:
+    def __init__(self, format: str, *, session: str, one_way: bool = False) -> None:
         self.format = format
         self.session = session
+        self.one_way = one_way
         self._tracker = _tracker_class(format)(self)
         self._dirs = {name: _Direction(name, self._tracker.codec(name)) for name in (C2S, S2C)}
         self._out: list[FrameRecord] = []
@@ -846,7 +852,9 @@ class FrameDecoder:
         self._violation(d, offset, time_ns, str(error))
 
 
-def decode_chunks(format: str, chunks: Iterable[Chunk], *, session: str) -> Iterator[FrameRecord]:
+def decode_chunks(
+    format: str, chunks: Iterable[Chunk], *, session: str, one_way: bool = False
+) -> Iterator[FrameRecord]:
     """Decode the chunks of one connection (both directions, in time order) into frame
     records, with the :mod:`polymux.wire` codecs of ``format``.
 
@@ -854,9 +862,10 @@ def decode_chunks(format: str, chunks: Iterable[Chunk], *, session: str) -> Iter
     the byte offset where the bad frame starts in its direction, ``error`` the codec's
     message) and that direction stops there; a stream that ends inside a frame gives a
     ``truncated`` record. An unknown ``format`` or a direction other than ``"c2s"`` /
-    ``"s2c"`` raises ``ValueError`` (a caller's mistake, not bad input).
+    ``"s2c"`` raises ``ValueError`` (a caller's mistake, not bad input). ``one_way``: see
+    :class:`FrameDecoder`.
     """
-    decoder = FrameDecoder(format, session=session)
+    decoder = FrameDecoder(format, session=session, one_way=one_way)
     for chunk in chunks:
         yield from decoder.feed(chunk)
     yield from decoder.finish()

@@ -19,9 +19,10 @@ nothing fits, or both heads are empty.
 
 from __future__ import annotations
 
+from polymux.exceptions import ProtocolError
 from polymux.tracing.decode import decode_chunks
 from polymux.tracing.records import C2S, S2C, FrameRecord
-from polymux.wire import PROTOCOLS
+from polymux.wire import PROTOCOLS, streamux
 
 
 __all__ = ["detect_format"]
@@ -30,8 +31,10 @@ _V1_MAGIC = bytes.fromhex("2fdf1d50")
 
 
 def _decode(fmt: str, c2s: bytes, s2c: bytes) -> list[FrameRecord] | None:
+    # one_way: the heads are cut short and fed one after the other, so the credit one side
+    # grants may come after the data it allows: do not judge flow control here.
     chunks = [(0, d, data) for d, data in ((C2S, c2s), (S2C, s2c)) if data]
-    records = list(decode_chunks(fmt, chunks, session="detect"))
+    records = list(decode_chunks(fmt, chunks, session="detect", one_way=True))
     if any(r.frame_type == "violation" for r in records):
         return None
     if not any(r.frame_type != "truncated" for r in records):
@@ -71,9 +74,16 @@ def detect_format(c2s_head: bytes, s2c_head: bytes) -> str | None:
         return "mstream-v1"
     if all(h[:3] == b"\x92\x92\x02"[: len(h[:3])] for h in present) and any(len(h) >= 3 for h in present):
         return "mstream-v2"
-    if all(h[0] == 1 for h in present):
-        records = _decode("streamux", c2s, s2c)
-        if records is not None and _starts(records, heads, ("handshake",)):
+    if all(h[0] == 1 and len(h) >= streamux.INIT_SIZE for h in present):
+        try:
+            inits = [streamux.decode_init(h[: streamux.INIT_SIZE]) for h in present]
+            for init in inits:
+                init.check()
+            if len(inits) == 2:
+                streamux.negotiate(*inits)
+        except ProtocolError:
+            pass
+        else:
             return "streamux"
     if all(h[0] == 0 for h in present):
         records = _decode("yamux", c2s, s2c)
@@ -86,7 +96,7 @@ def detect_format(c2s_head: bytes, s2c_head: bytes) -> str | None:
     for fmt in ("omnistreams", "omnistreams-legacy"):
         if fmt in PROTOCOLS and all(len(h) < 2 or h[:2] == b"\x00\x00" for h in present):
             records = _decode(fmt, c2s, s2c)
-            if records is not None and _starts(records, heads, ("open", "control")):
+            if records is not None and _starts(records, heads, ("open", "control", "window_update")):
                 return fmt
     records = _decode("mplex", c2s, s2c)
     if records is not None and _starts(records, heads, ("open",)):

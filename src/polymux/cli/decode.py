@@ -1,0 +1,202 @@
+"""``polymux decode``: list the frames in a capture, per connection and direction.
+
+FILE is one of:
+
+* a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
+  each is decoded (``--protocol``, or the format detected from each flow's first bytes;
+  flows whose format is not recognised are named on stderr and skipped);
+* a polymux capture (``*.pmcap.parquet``, written by ``polymux.tracing.CaptureRecorder``),
+  which records its format;
+* raw bytes of one direction of a connection (``--direction``, c2s by default: what the
+  client sent), decoded as ``--protocol`` or the format detected from its first bytes.
+
+One line per frame: time (seconds since the connection's first captured byte), direction,
+byte offset in that direction, channel, frame type, length, flags, the send credit left
+after the frame (and whose), and the ping id or error. ``--json`` prints one JSON object
+per frame instead (the fields of ``polymux.tracing.FRAME_FIELDS``). Protocol violations
+are listed as ``violation`` frames (the exit status stays 0); an unreadable file exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from polymux.wire import PROTOCOLS
+
+
+if TYPE_CHECKING:
+    from polymux.tracing import Chunk, FrameRecord
+
+
+__all__ = ["register", "run"]
+
+_HEAD = 256  # bytes of each direction used to detect the format
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``polymux decode``."""
+    p = sub.add_parser(
+        "decode",
+        help="decode a capture (pcap/pcapng, polymux capture, raw bytes) into a frame listing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", metavar="FILE", help="pcap/pcapng, *.pmcap.parquet, or raw bytes of one direction")
+    p.add_argument("--protocol", "-p", choices=PROTOCOLS, help="wire format (default: detect)")
+    p.add_argument(
+        "--direction",
+        choices=("c2s", "s2c"),
+        default="c2s",
+        help="raw files: whose bytes these are, the client's (c2s, default) or the server's",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per frame")
+    p.set_defaults(func=run, parser=p)
+
+
+class _Unreadable(Exception):
+    """The input cannot be decoded at all."""
+
+
+def _kind(path: Path) -> str:
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head in (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d"):
+        return "pcap"
+    if head == b"\x0a\x0d\x0d\x0a":
+        return "pcapng"
+    if head == b"PAR1":
+        return "parquet"
+    return "raw"
+
+
+def _heads(chunks: Iterable[Chunk]) -> tuple[bytes, bytes]:
+    heads = {"c2s": bytearray(), "s2c": bytearray()}
+    for _t, direction, data in chunks:
+        head = heads[direction]
+        if len(head) < _HEAD:
+            head += data[: _HEAD - len(head)]
+    return bytes(heads["c2s"]), bytes(heads["s2c"])
+
+
+class _Connection:
+    """One connection to list: its chunks, format and how to describe it."""
+
+    def __init__(
+        self, session: str, fmt: str | None, chunks: list[Chunk], title: str, one_way: bool = False
+    ) -> None:
+        self.one_way = one_way
+        self.session = session
+        self.format = fmt
+        self.chunks = chunks
+        self.title = title
+
+
+def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
+    from polymux.tracing import detect_format, read_capture, read_pcap
+
+    path = Path(args.file)
+    try:
+        kind = _kind(path)
+    except OSError as exc:
+        raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
+    if kind in ("pcap", "pcapng"):
+        try:
+            for flow in read_pcap(path):
+                fmt = args.protocol or detect_format(*_heads(flow.chunks))
+                gaps = "".join(f", {d} bytes missing after offset {o}" for d, o in sorted(flow.gaps.items()))
+                yield _Connection(
+                    flow.session, fmt, flow.chunks, f"{flow.client} -> {flow.server} (TCP{gaps})"
+                )
+        except (OSError, ValueError) as exc:
+            raise _Unreadable(str(exc)) from None
+        return
+    if kind == "parquet":
+        try:
+            cap = read_capture(path)
+        except (OSError, ValueError) as exc:
+            raise _Unreadable(str(exc)) from None
+        fmt = args.protocol or cap.format
+        title = f"{cap.role} {cap.local or '?'}, peer {cap.peer or '?'} (polymux capture, part {cap.seq})"
+        yield _Connection(cap.session, fmt, cap.chunks, title)
+        return
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
+    chunks: list[Chunk] = [(0, args.direction, data)] if data else []
+    fmt = args.protocol
+    if fmt is None:
+        head = data[:_HEAD]
+        fmt = detect_format(head, b"") if args.direction == "c2s" else detect_format(b"", head)
+    yield _Connection(path.name, fmt, chunks, f"raw {args.direction} bytes, {len(data)} bytes", one_way=True)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print_table(conn: _Connection, records: Iterable[FrameRecord], out: TextIO) -> None:
+    start = conn.chunks[0][0] if conn.chunks else 0
+    out.write(f"== {conn.session}  {conn.format}  {conn.title}\n")
+    out.write(
+        f"{'time':>11} {'dir':3} {'offset':>10} {'channel':<9} {'type':<13} {'length':>8} {'flags':>6} "
+        f"{'credit left':>15}\n"
+    )
+    for r in records:
+        credit = "-" if r.credit is None else f"{r.credit} {r.credit_dir}"
+        extra = []
+        if r.ping_id is not None:
+            extra.append(f"id={r.ping_id}")
+        if r.error is not None:
+            extra.append(r.error)
+        out.write(
+            f"{(r.time_ns - start) / 1e9:>11.6f} {r.direction:3} {r.offset:>10} {r.channel or '-':<9} "
+            f"{r.frame_type:<13} {r.length:>8} {r.flags:>#6x} {credit:>15}"
+            + (f"  {' '.join(extra)}" if extra else "")
+            + "\n"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Decode and print; 0 on success, 1 when the file cannot be read or decoded."""
+    from polymux.tracing import decode_chunks
+
+    out = sys.stdout
+    status = 0
+    try:
+        first = True
+        seen = 0
+        for conn in _connections(args):
+            seen += 1
+            if conn.format is None:
+                print(
+                    f"polymux decode: {conn.session}: the format is not recognised; name it with --protocol",
+                    file=sys.stderr,
+                )
+                status = 1
+                continue
+            records = decode_chunks(conn.format, conn.chunks, session=conn.session, one_way=conn.one_way)
+            if args.json:
+                for r in records:
+                    out.write(json.dumps(r._asdict(), separators=(",", ":")) + "\n")
+            else:
+                if not first:
+                    out.write("\n")
+                _print_table(conn, records, out)
+            first = False
+        out.flush()
+        if not seen:
+            print(f"polymux decode: {args.file}: no TCP connection with payload in it", file=sys.stderr)
+            return 1
+    except _Unreadable as exc:
+        print(f"polymux decode: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # decode ... | head
+        sys.stderr.close()
+        return 0
+    return status
