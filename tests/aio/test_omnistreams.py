@@ -95,6 +95,24 @@ async def test_concurrent_streams_with_metadata(connect_pair: Any, kind: str, pr
         assert metadata == f'{{"name":"{name}","chunkSize":65536}}'.encode()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_empty_streams_are_delivered(connect_pair: Any, kind: str) -> None:
+    """CREATE and END in one read: the handler still gets the (empty) stream."""
+    seen: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await seen.put((writer.transport.get_extra_info("channel_name"), await reader.read()))
+        writer.close()
+
+    async with asyncio.timeout(10):
+        _server, session = await connect_pair(kind, handler)
+        for i in range(20):
+            _reader, writer = await session.open_channel(f"empty/{i}")
+            writer.close()
+        got = sorted([await seen.get() for _ in range(20)])
+    assert got == sorted((f"empty/{i}", b"") for i in range(20))
+
+
 @pytest.mark.parametrize("kind", ["tcp", "ws"])
 async def test_unusable_halves_fail_clearly(connect_pair: Any, kind: str) -> None:
     errors: asyncio.Queue[BaseException | None] = asyncio.Queue()

@@ -233,6 +233,23 @@ def test_legacy_sender_reset_is_an_end() -> None:
     assert out_messages(a) == [b"\x02\x00"]
 
 
+@pytest.mark.parametrize("take", ["accept", "reject"])
+def test_created_and_ended_in_one_read(take: str) -> None:
+    b = OmnistreamsEngine()
+    events = b.receive_data(framed(Kind.CREATE, 2, b'{"name":"empty"}') + framed(Kind.END, 2))
+    handle = events[0].channel  # type: ignore[attr-defined]
+    assert events == [ev.ChannelOpened(handle, "empty"), ev.ChannelEnded(handle), ev.ChannelClosed(handle)]
+    assert b.is_live(handle)  # still there for the I/O layer to take
+    if take == "accept":
+        b.accept_channel(handle)
+    else:
+        b.reject_channel(handle)
+    if take == "accept":
+        assert b.metadata(handle) == b'{"name":"empty"}'  # readable while the I/O layer wires it
+    assert b.data_to_send() == []  # no credit, no cancel for a stream that is over
+    assert not b.is_live(handle) and b.channel_count == 0
+
+
 def test_opaque_metadata_is_accepted() -> None:
     b = OmnistreamsEngine()
     [opened] = b.receive_data(framed(Kind.CREATE, 3, b"\xff\xfe not json"))

@@ -127,6 +127,7 @@ class OmnistreamsEngine(Engine):
         self._cancelled: set[int] = set()  # peer ids we cancelled: stale messages are dropped
         self._ended: set[int] = set()  # peer ids that ended and were not created again
         self._codes = {kind: self.numbering.codes.get(kind) for kind in Kind}
+        self._lingering: list[ChannelRecord] = []  # accepted after their END: forgotten soon
 
     @property
     def ready(self) -> bool:
@@ -134,6 +135,15 @@ class OmnistreamsEngine(Engine):
         return True
 
     # -- output -------------------------------------------------------------------------------
+
+    def data_to_send(self) -> list[BytesLike]:
+        """Return (and forget) the byte chunks to write, in order (in message mode, one
+        element per message)."""
+        if self._lingering:
+            for record in self._lingering:
+                self._channels.pop(record.handle, None)
+            self._lingering.clear()
+        return super().data_to_send()
 
     def _emit(self, kind: Kind, stream_id: int | None, payload: BytesLike = b"") -> None:
         code = self._codes[kind]
@@ -225,8 +235,11 @@ class OmnistreamsEngine(Engine):
                     self._ended.add(sid)
                 return
             self._ended.add(sid)
-            self._channels.pop(record.handle, None)
             record.remote_end = True
+            if record.accepted:
+                self._channels.pop(record.handle, None)
+            # else: created and ended within one read: kept until the I/O layer accepts
+            # (or rejects) the offer it has not seen yet, so the empty stream is not lost.
             events.append(ChannelEnded(record.handle))
             events.append(ChannelClosed(record.handle))
         elif kind is Kind.CANCEL_RECEIVE:
@@ -335,6 +348,11 @@ class OmnistreamsEngine(Engine):
         if record.local_origin or record.accepted:
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
         record.accepted = True
+        if record.remote_end:
+            # It ended before we took it: nothing to request. Its metadata stays readable
+            # until the output is next collected (the I/O layer is still wiring it up).
+            self._lingering.append(record)
+            return
         recv = record.recv
         assert recv is not None
         for count in split_count(recv.window):
@@ -345,6 +363,9 @@ class OmnistreamsEngine(Engine):
         record = self._record(channel)
         if record.local_origin or record.accepted:
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        if record.remote_end:  # it ended already: nothing to cancel
+            self._channels.pop(record.handle, None)
+            return
         self._cancel_receiver(record)
 
     def send_credit(self, channel: int) -> int:
