@@ -5,7 +5,8 @@
 Interactive by default: each line of stdin is a message to the first room (``#room
 text`` picks another joined room); end of input leaves. Scripted use (tests, load):
 ``--say TEXT`` sends lines, ``--send N --size BYTES`` sends N generated messages,
-``--expect N`` waits for N messages from others, and ``--pause-reading-after N`` stops
+``--expect N`` waits for N messages from others, ``--until TEXT`` for someone to say
+TEXT, and ``--pause-reading-after N`` stops
 reading after N messages until the process gets SIGUSR1 (a slow client).
 
 Exit status: 0 after leaving normally, 1 on errors, 2 if a join is refused, 3 if the
@@ -44,6 +45,7 @@ class State:
         self.own_done = asyncio.Event()
         self.others_done = asyncio.Event()
         self.resume = asyncio.Event()
+        self.until = asyncio.Event()
         self.disconnected: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def show(self, line: str) -> None:
@@ -76,6 +78,8 @@ async def read_room(client: ChatClient, room: str, state: State) -> None:
                     state.others += 1
                     if args.expect is not None and state.others >= args.expect:
                         state.others_done.set()
+                    if args.until is not None and record.get("text") == args.until:
+                        state.until.set()
                 if not args.quiet:
                     state.show(f"[#{room}] {record.get('nick')}: {record.get('text')}")
             elif kind == "joined":
@@ -84,7 +88,8 @@ async def read_room(client: ChatClient, room: str, state: State) -> None:
                 state.show(f"* {record.get('nick')} left #{room} ({record.get('reason')})")
             elif kind == "dropped":
                 state.show(
-                    f"* the server dropped {record.get('count')} messages of #{room} for us (too slow)"
+                    f"* the server dropped {record.get('count')} messages and {record.get('notices')} "
+                    f"notices of #{room} for us (too slow)"
                 )
             elif kind == "error":
                 state.show(f"* error from the server: {record.get('message')}")
@@ -130,6 +135,8 @@ async def main(args: argparse.Namespace) -> int:
             goals.append(state.own_done.wait())
         if args.expect is not None:
             goals.append(state.others_done.wait())
+        if args.until is not None:
+            goals.append(state.until.wait())
         first = args.room[0]
         work = asyncio.ensure_future(
             send_all(client, first, args) if goals else interactive(client, args.room)
@@ -177,6 +184,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--size", type=parse_size, default=64, help="characters per generated message (64)")
     parser.add_argument("--expect", type=int, metavar="N", help="leave after N messages from others")
+    parser.add_argument("--until", metavar="TEXT", help="leave once someone says TEXT")
     parser.add_argument("--pause-reading-after", type=int, metavar="N", help="stop reading after N messages")
     parser.add_argument("--quiet", action="store_true", help="do not print messages")
     args = parser.parse_args()

@@ -6,7 +6,7 @@ Records (:mod:`polymux.apps.records`, msgpack maps with a ``type``)::
     client -> server   join {room, nick}, say {text}, leave {}
     server -> client   welcome {room, nick, members}, msg {room, nick, text, seq, ts},
                        joined {room, nick}, left {room, nick, reason},
-                       dropped {count}, error {message}
+                       dropped {count, notices}, error {message}
 
 A slow client never stalls a room. Each member has its own bounded queue (``queue_size``
 records) and its own writer task, which waits on ``drain()`` (the channel's flow control)
@@ -18,7 +18,8 @@ queue is full the server applies the policy:
   one) and the others get ``left {reason: "too slow ..."}``. The member keeps what it had
   already received, then gets the reset.
 * ``drop``: the member stays, messages that do not fit are dropped for it alone, and it
-  gets ``dropped {count}`` before the next message it does receive.
+  gets ``dropped {count, notices}`` (messages, and joined/left notices) where they would
+  have been (after the messages that were queued), so it knows exactly what it missed.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Member:
     task: asyncio.Task[None] | None = None
     dropped: int = 0
     """Messages dropped since the last ``dropped`` notice (``drop`` policy)."""
+    dropped_notices: int = 0
+    """Notices (joined, left) dropped since the last ``dropped`` notice."""
     gone: bool = False
     stats: dict[str, int] = dc_field(default_factory=lambda: {"sent": 0, "dropped": 0})
 
@@ -189,7 +192,10 @@ class ChatServer:
             member.queue.put_nowait(record)
         except asyncio.QueueFull:
             if self.policy == "drop":
-                member.dropped += 1
+                if record["type"] == "msg":
+                    member.dropped += 1
+                else:
+                    member.dropped_notices += 1
                 member.stats["dropped"] += 1
                 if member.stats["dropped"] == 1:
                     self.log(
@@ -212,11 +218,17 @@ class ChatServer:
         writer, queue = member.writer, member.queue
         try:
             while True:
+                if (member.dropped or member.dropped_notices) and queue.empty():
+                    # What was dropped came after everything queued: say so right after it.
+                    write_record(
+                        writer,
+                        {"type": "dropped", "count": member.dropped, "notices": member.dropped_notices},
+                    )
+                    member.dropped = member.dropped_notices = 0
+                    await writer.drain()
+                    continue
                 record = await queue.get()
                 while True:
-                    if member.dropped:
-                        write_record(writer, {"type": "dropped", "count": member.dropped})
-                        member.dropped = 0
                     write_record(writer, record)
                     member.stats["sent"] += 1
                     if queue.empty():

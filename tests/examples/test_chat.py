@@ -1,0 +1,124 @@
+"""examples/chat run as a user runs it: a server on TCP and a unix socket at once, three
+clients, one of which stops reading. The others keep getting every message, and the slow
+one is handled by the stated policy (``disconnect``: reset with the reason, the room is
+told; ``drop``: it misses messages and is told exactly how many)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from cli.procs import Proc, Procs
+
+
+MESSAGES = 3000
+
+
+async def start_server(procs: Procs, tmp: Path, protocol: str, *args: str) -> tuple[Proc, str, str]:
+    sock = tmp / "chat.sock"
+    server = await procs.example(
+        "chat/server.py", "--protocol", protocol, "--tcp", "127.0.0.1:0", "--unix", str(sock), *args
+    )
+    tcp = await server.line(r" on tcp:(\S+)$")
+    await server.line(r" on unix:")
+    return server, tcp.group(1), str(sock)
+
+
+async def client(procs: Procs, protocol: str, where: list[str], nick: str, *args: str) -> Proc:
+    return await procs.example(
+        "chat/client.py", "--protocol", protocol, *where, "--nick", nick, *args, name=nick
+    )
+
+
+@pytest.mark.parametrize("protocol", ["mstream-v3", "yamux"])
+async def test_three_clients_one_stops_reading(procs: Procs, short_tmp: Path, protocol: str) -> None:
+    server, tcp, unix = await start_server(procs, short_tmp, protocol)
+    # bob reads everything (over the unix socket); carol stops reading at once (over TCP).
+    bob = await client(
+        procs, protocol, ["--unix", unix], "bob", "--window", "4M", "--expect", str(MESSAGES), "--quiet"
+    )
+    await bob.line(r"^joined #lobby as bob")
+    carol = await client(
+        procs,
+        protocol,
+        ["--tcp", tcp],
+        "carol",
+        "--window",
+        "16K",
+        "--pause-reading-after",
+        "0",
+        "--expect",
+        "999999",
+    )
+    await carol.line(r"^paused reading #lobby after 0 messages")
+    # alice floods the room and waits until all her messages came back to her.
+    alice = await client(
+        procs, protocol, ["--tcp", tcp], "alice", "--send", str(MESSAGES), "--size", "512", "--quiet"
+    )
+    assert await alice.wait(timeout=60) == 0, alice.describe() + server.describe()
+    assert f"{MESSAGES} of our own echoed" in alice.stdout
+    # bob got every message although carol read nothing: the room was never stalled.
+    assert await bob.wait(timeout=60) == 0, bob.describe()
+    assert f"received {MESSAGES} messages from others" in bob.stdout
+    assert "* carol left #lobby (too slow: 256 messages queued (policy: disconnect))" in bob.stdout
+    await server.line(r"^slow: disconnecting carol from #lobby: too slow: 256 messages queued")
+    assert not any("slow:" in ln and "carol" not in ln for ln in server.out), server.stdout
+    # carol, once she reads again, learns that the server disconnected her.
+    carol.send_signal(signal.SIGUSR1)
+    assert await carol.wait(timeout=30) == 3, carol.describe()
+    m = re.search(r"^chat: disconnected from #lobby: .*reset by the peer(.*)$", carol.stdout, re.MULTILINE)
+    assert m, carol.stdout
+    if protocol == "mstream-v3":  # the format carries the reason
+        assert "too slow: 256 messages queued" in m.group(1)
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert server.out[-1] == "chat: stopped; 1 slow members disconnected"
+
+
+async def test_drop_policy_tells_the_slow_client_what_it_missed(procs: Procs, short_tmp: Path) -> None:
+    protocol = "mstream-v2"
+    server, tcp, unix = await start_server(procs, short_tmp, protocol, "--policy", "drop", "--queue", "64")
+    bob = await client(procs, protocol, ["--tcp", tcp], "bob", "--expect", "1501", "--quiet")
+    await bob.line(r"^joined #lobby")
+    carol = await client(
+        procs, protocol, ["--unix", unix], "carol", "--window", "16K", "--pause-reading-after", "0",
+        "--until", "the end", "--quiet",
+    )  # fmt: skip
+    await carol.line(r"^paused reading")
+    alice = await client(
+        procs, protocol, ["--unix", unix], "alice", "--send", "1500", "--size", "512", "--quiet"
+    )
+    assert await alice.wait(timeout=60) == 0, alice.describe()
+    await server.line(r"^slow: carol in #lobby is behind; dropping messages for it \(policy: drop\)")
+    carol.send_signal(signal.SIGUSR1)
+    await carol.line(r"^\* the server dropped \d+ messages")
+    dave = await client(procs, protocol, ["--tcp", tcp], "dave", "--say", "the end", "--quiet")
+    assert await dave.wait() == 0, dave.describe()
+    assert await carol.wait(timeout=30) == 0, carol.describe()
+    assert await bob.wait(timeout=30) == 0, bob.describe()
+    assert "received 1501 messages from others" in bob.stdout
+    # Nothing lost silently: what carol got plus what she was told she missed is all of it.
+    dropped = sum(
+        int(n) for n in re.findall(r"^\* the server dropped (\d+) messages", carol.stdout, re.MULTILINE)
+    )
+    got = int(re.search(r"received (\d+) messages from others", carol.stdout).group(1))  # type: ignore[union-attr]
+    assert dropped > 0 and got + dropped == 1501, carol.stdout
+    assert "carol left" not in bob.stdout  # she stayed in the room
+
+
+async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> None:
+    server, tcp, unix = await start_server(procs, short_tmp, "mplex")
+    bob = await client(procs, "mplex", ["--tcp", tcp], "bob", "--expect", "1", "--quiet")
+    await bob.line(r"^joined")
+    other = await client(procs, "mplex", ["--unix", unix], "bob", "--say", "hi")
+    assert await other.wait() == 2
+    assert "cannot join #lobby: nick 'bob' is taken in room 'lobby'" in other.stderr
+    await server.line(r"^refused: join from unix socket: nick 'bob' is taken")
+    ok = await client(procs, "mplex", ["--unix", unix], "eve", "--say", "hello bob", "--quiet")
+    assert await ok.wait() == 0
+    assert await bob.wait() == 0 and "received 1 messages from others" in bob.stdout
+    bad = await procs.example("chat/server.py", "--protocol", "mplex")
+    assert await bad.wait() == 2 and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
