@@ -13,7 +13,7 @@ async def test_demo_default_without_a_tty(procs: Procs) -> None:
     assert await demo.wait(timeout=90) == 0, demo.describe()
     out = demo.stdout
     assert re.search(
-        r"16 files, 64\.0 MiB in all, one channel per file .* over one mstream-v3 connection", out
+        r"16 files, 64\.0 MiB in all, one channel per file .*\n  over one mstream-v3 connection", out
     )
     assert re.search(
         r"^progress +\d+\.\d% .* MB/s$", out, re.MULTILINE

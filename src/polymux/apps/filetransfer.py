@@ -595,35 +595,32 @@ class PlainProgress:
 
 
 class RichProgress:
-    """Progress bars (rich): one per file and one for the total, with the throughput."""
+    """Progress bars (rich): one per file and one for the total, each with its average
+    throughput (MB/s, as in the summary)."""
 
     def __init__(self, transfers: list[Transfer]) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.transfers = transfers
         self.progress = Progress(
-            TextColumn("{task.description:<24.24}"),
-            BarColumn(bar_width=30),
+            TextColumn("{task.description:<22.22}"),
+            BarColumn(bar_width=28),
             DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[speed]:>10}"),
             TimeRemainingColumn(),
             TextColumn("{task.fields[status]}"),
             refresh_per_second=8,
         )
         self.total = self.progress.add_task(
-            "[bold]total", total=sum(t.size for t in transfers) or 1, status=f"0/{len(transfers)} files"
+            "[bold]total",
+            total=sum(t.size for t in transfers) or 1,
+            status=f"0/{len(transfers)} files",
+            speed="",
         )
         self.tasks = {
-            id(t): self.progress.add_task(t.name, total=t.size or 1, status="", visible=True)
-            for t in transfers
+            id(t): self.progress.add_task(t.name, total=t.size or 1, status="", speed="") for t in transfers
         }
+        self._start = time.perf_counter()
 
     def __enter__(self) -> Self:
         self.progress.start()
@@ -640,13 +637,22 @@ class RichProgress:
         )
         if t.resumed_from and t.status in ("sending", "done"):
             status = (status + " " if status else "") + f"[yellow]resumed@{format_bytes(t.resumed_from)}"
-        self.progress.update(self.tasks[id(t)], completed=t.done, status=status)
+        now = time.perf_counter()
+        end = t.finished if t.finished else now
+        speed = _rate(t.sent, end - t.started) if t.sent else ""
+        self.progress.update(self.tasks[id(t)], completed=t.done, status=status, speed=speed)
         finished = sum(x.status in ("done", "unchanged", "failed") for x in self.transfers)
         self.progress.update(
             self.total,
             completed=sum(x.done for x in self.transfers),
             status=f"{finished}/{len(self.transfers)} files",
+            speed=_rate(sum(x.sent for x in self.transfers), now - self._start),
         )
+
+
+def _rate(n: int, seconds: float) -> str:
+    """``n`` bytes over ``seconds`` in MB/s (10^6 bytes per second), for display."""
+    return f"{n / seconds / 1e6:.1f} MB/s" if seconds > 0 else ""
 
 
 def make_progress(transfers: list[Transfer], mode: str = "auto") -> PlainProgress | RichProgress | None:

@@ -82,7 +82,7 @@ async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer])
         total = sum(t.size for t in transfers)
         print(
             f"polymux demo: {len(transfers)} files, {format_bytes(total)} in all, one channel per file "
-            f"({args.parallel} at a time), over one {args.protocol} connection to an embedded file "
+            f"({args.parallel} at a time),\n  over one {args.protocol} connection to an embedded file "
             f"server on 127.0.0.1:{server.port}",
             flush=True,
         )
