@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,59 @@ async def test_websocket_text_message_is_a_protocol_error() -> None:
         await server.aclose()
     assert isinstance(errors[0], polymux.ProtocolError)
     assert "received a text WebSocket message" in str(errors[0])
+
+
+async def test_polymux_works_without_websockets() -> None:
+    """``websockets`` is imported only by connect_websocket/serve_websocket."""
+    code = (
+        "import sys, asyncio\n"
+        "sys.modules['websockets'] = None  # as if it were not installed\n"
+        "import polymux\n"
+        "async def main():\n"
+        "    got = asyncio.get_running_loop().create_future()\n"
+        "    async def handler(reader, writer):\n"
+        "        got.set_result(await reader.read())\n"
+        "    server = await polymux.start_server(handler, '127.0.0.1', 0, protocol='omnistreams')\n"
+        "    session = await polymux.connect('127.0.0.1', server.port, protocol='omnistreams')\n"
+        "    _r, w = await session.open_channel('x')\n"
+        "    w.write(b'ok'); w.close()\n"
+        "    assert await got == b'ok'\n"
+        "    try:\n"
+        "        await polymux.connect_websocket('ws://127.0.0.1:1/')\n"
+        "    except ImportError as exc:\n"
+        "        print('ImportError', exc.name.split('.')[0])\n"
+        "    session.abort(); server.close()\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(30):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().split() == ["ImportError", "websockets"]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "ws"])
+async def test_ids_recycled_over_1000_sequential_streams(connect_pair: Any, kind: str) -> None:
+    bodies: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await bodies.put(await reader.read())
+        writer.close()
+
+    async with asyncio.timeout(60):
+        server, session = await connect_pair(kind, handler)
+        engine = session.engine
+        assert isinstance(engine, OmnistreamsEngine)
+        ids: set[int] = set()
+        for i in range(1000):
+            _reader, writer = await session.open_channel(f"seq/{i}")
+            ids.add(engine._record(writer.transport.handle).wire_id)  # type: ignore[attr-defined]
+            writer.write(str(i).encode())
+            writer.close()
+            assert await bodies.get() == str(i).encode()
+        assert ids == set(range(256))
+        await until(lambda: engine.free_ids == 256 and engine.channel_count == 0)
+        [serving] = list(server.sessions)
+        assert serving.engine.channel_count == 0
