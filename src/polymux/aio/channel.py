@@ -49,24 +49,8 @@ class ChannelStreamReader(asyncio.StreamReader):
     _buffer: bytearray
     _deferred: Exception | None = None
     _refuse: str | None = None
-    """Set on the unusable read half of a one-way channel (omnistreams): reads raise
-    :class:`~polymux.exceptions.ChannelClosedError` with this text."""
-
-    def _check_readable(self) -> None:
-        if self._refuse is not None:
-            raise ChannelClosedError(self._refuse)
-
-    async def read(self, n: int = -1) -> bytes:
-        self._check_readable()
-        return await super().read(n)
-
-    async def readexactly(self, n: int) -> bytes:
-        self._check_readable()
-        return await super().readexactly(n)
-
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:  # type: ignore[override]
-        self._check_readable()
-        return await super().readuntil(separator)
+    """The text of the error reads raise on the unusable half of a one-way channel
+    (:class:`SendOnlyStreamReader`)."""
 
     def set_exception(self, exc: Exception) -> None:
         """Fail the reader, after the bytes already received have been read.
@@ -120,6 +104,27 @@ class ChannelStreamReader(asyncio.StreamReader):
         if transport is not None and transport._reader_waiting():
             return  # it fed us: the caller re-checks its buffer
         await super()._wait_for_data(func_name)  # type: ignore[misc]
+
+
+class SendOnlyStreamReader(ChannelStreamReader):
+    """The reader of a channel we may only write (the opener's side of a one-way
+    omnistreams stream): every read raises :class:`~polymux.exceptions.ChannelClosedError`
+    saying so, never a silent EOF. A separate class, so other readers pay nothing."""
+
+    def _check_readable(self) -> None:
+        raise ChannelClosedError(self._refuse or "this channel is send-only")
+
+    async def read(self, n: int = -1) -> bytes:
+        self._check_readable()
+        return await super().read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        self._check_readable()
+        return await super().readexactly(n)
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:  # type: ignore[override]
+        self._check_readable()
+        return await super().readuntil(separator)
 
 
 class ChannelStreamProtocol(asyncio.StreamReaderProtocol):

@@ -19,7 +19,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
 
 from polymux._types import CaptureSink
-from polymux.aio.channel import ChannelStreamProtocol, ChannelStreamReader, ChannelTransport
+from polymux.aio.channel import (
+    ChannelStreamProtocol,
+    ChannelStreamReader,
+    ChannelTransport,
+    SendOnlyStreamReader,
+)
 from polymux.config import SessionConfig
 from polymux.engine import Engine, events as ev, make_engine
 from polymux.engine.omnistreams import ControlReceived
@@ -878,7 +883,9 @@ class Session:
         Raises :class:`~polymux.exceptions.ChannelRejected` if the peer rejects it.
         """
         mux = self._mux
-        reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
+        # One-way formats (omnistreams): the opener's reader refuses reads, clearly.
+        reader_class = SendOnlyStreamReader if getattr(mux.engine, "one_way", False) else ChannelStreamReader
+        reader = reader_class(limit=mux.config.stream_limit, loop=mux.loop)
         protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
