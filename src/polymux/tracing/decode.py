@@ -263,7 +263,7 @@ class _MStreamTracker(_Tracker):
         n = len(item.payload)
         if self.version == 1:
             return 7 + n
-        return len(wire.encode_header(self.version, item.code, item.channel_id, n, item.source))
+        return len(wire.encode_header(self.version, item.code, item.channel_id, n, item.source)) + n
 
     def _channel(self, direction: str, item: Any) -> str:
         cid = item.channel_id
