@@ -123,6 +123,18 @@ async def close_writer(writer: asyncio.StreamWriter) -> None:
         pass
 
 
+async def open_stream(
+    session: polymux.Session, name: str = ""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A bidirectional channel on any format: ``Session.open_pair`` where the session has
+    it (omnistreams streams are one-way: a pair is a stream each way), else ``open_channel``."""
+    open_pair = getattr(session, "open_pair", None)
+    if open_pair is not None:
+        pair: tuple[asyncio.StreamReader, asyncio.StreamWriter] = await open_pair(name)
+        return pair
+    return await session.open_channel(name)
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process (Linux /proc; ru_maxrss elsewhere)."""
     try:

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
+import io
 import multiprocessing
 import os
+import pstats
 import tempfile
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -125,9 +129,18 @@ class CountingProtocol(asyncio.Protocol):
         return True
 
 
+def profile_text(profiler: cProfile.Profile, top: int) -> str:
+    """The top ``top`` functions of a profile by own time, as pstats prints them."""
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats(pstats.SortKey.TIME).print_stats(top)
+    return out.getvalue()
+
+
 def _child(loop_name: str, transport: str, formats: list[str], conn: Connection) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        profiler = cProfile.Profile(time.process_time)
         servers: list[Any] = []
         endpoints: dict[str, Endpoint] = {}
         with tempfile.TemporaryDirectory(prefix="polymux-bench-") as tmp:
@@ -167,6 +180,14 @@ def _child(loop_name: str, transport: str, formats: list[str], conn: Connection)
                     conn.send(reset_peak_rss())
                 elif command == "peak":
                     conn.send(peak_rss_bytes())
+                elif command == "cprofile_on":
+                    # CPU time (not wall clock) of this process's loop thread.
+                    profiler = cProfile.Profile(time.process_time)
+                    profiler.enable()
+                    conn.send(True)
+                elif command == "cprofile_off":
+                    profiler.disable()
+                    conn.send(profile_text(profiler, 30))
                 else:
                     break
             for server in servers:

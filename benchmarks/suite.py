@@ -57,7 +57,7 @@ class Budget:
     time_limit: float
 
 
-QUICK = Budget(2, 16, (1, 16, 256), (64, 1024), 3000, (1, 64), 0.25, (1000,), 4, 2000, 120)
+QUICK = Budget(2, 16, (1, 16, 256), (64, 1024), 3000, (1, 64), 0.15, (1000,), 4, 2000, 120)
 FULL = Budget(3, 512, (1, 16, 256), (64, 1024), 100_000, (1, 64), 2.0, (10_000, 100_000), 64, 2000, 600)
 
 
@@ -112,7 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bulk-mib", type=float, help="MiB moved per bulk measurement (quick 16, full 512)")
     p.add_argument("--bulk-channels", type=_ints, help="bulk channel counts (default 1,16,256)")
     p.add_argument("--messages", type=int, help="messages per small-message measurement (quick 3000)")
-    p.add_argument("--seconds", type=float, help="seconds per rr / churn measurement (quick 0.25, full 2)")
+    p.add_argument("--seconds", type=float, help="seconds per rr / churn measurement (quick 0.15, full 2)")
     p.add_argument("--scale-counts", type=_ints, help="idle channel counts (quick 1000, full 10000,100000)")
     p.add_argument("--slow-mib", type=int, help="MiB sent into the slow reader (quick 4, full 64)")
     p.add_argument("--no-node", action="store_true", help="no Node reference rows even if node is present")
@@ -166,7 +166,16 @@ async def run_combo(
         if "bulk" not in want:
             bulk = [j for j in bulk if j.row.scenario == "tracing"]
         jobs += bulk
-        if "bulk" in want and transport == "tcp" and not args.no_node and node_available() is None:
+        node_loop = "uvloop" if "uvloop" in args.loops else args.loops[-1]
+        if (
+            "bulk" in want
+            and transport == "tcp"
+            and loop == node_loop
+            and not args.no_node
+            and node_available() is None
+        ):
+            # Node's speed does not depend on our event loop: measured once, interleaved with
+            # the uvloop rows (the loop of the targets).
             for fmt in fmts:
                 if fmt in NODE_FORMATS:
                     r = Row(
