@@ -1,0 +1,280 @@
+"""Ingest: capture files -> the frames table, decoded inside Spark.
+
+Inputs are raw polymux captures (``*.pmcap.parquet``, written by
+``polymux.tracing.CaptureRecorder``) and packet captures (``*.pcap``, ``*.pcapng``), given
+as files, folders (searched recursively) or glob patterns. Spark reads each file whole
+(``binaryFile``); ``mapInArrow`` decodes it with ``polymux.tracing.decode_chunks`` (the
+``polymux.wire`` codecs) on the executors, one task per file, so the work is partitioned by
+flow. A session whose capture rotated into several files is decoded in one piece: those
+files (only those) are brought together by session and sorted by sequence number first.
+
+Which format: a polymux capture records its own; a packet capture's flows are decoded as
+``protocol`` when given, else as what ``polymux.tracing.detect_format`` recognises (flows it
+does not recognise are skipped).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+from polymux.pipeline.schema import FRAME_FIELDS, frames_struct
+
+
+__all__ = ["CAPTURE_SUFFIX", "PCAP_SUFFIXES", "InputFile", "decode_units", "find_inputs", "ingest"]
+
+CAPTURE_SUFFIX = ".pmcap.parquet"
+"""Raw polymux capture files."""
+
+PCAP_SUFFIXES = (".pcap", ".pcapng")
+"""Packet capture files (tcpdump, tshark, dumpcap)."""
+
+_ROTATED = re.compile(r"^(?P<session>.+)\.(?P<seq>\d+)\.pmcap\.parquet$")
+_BATCH_ROWS = 65536
+_CREDIT = 9  # index of ``credit`` in a frame record
+_CHANNEL = 5
+_CREDIT_DIR = 10
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file: its path, its kind (``capture``/``pcap``), the unit it is decoded
+    in (a rotated capture's session; otherwise the file itself) and its sequence number."""
+
+    path: str
+    kind: str
+    unit: str
+    seq: int
+
+
+def _classify(path: str) -> InputFile | None:
+    name = os.path.basename(path)
+    if name.endswith(CAPTURE_SUFFIX):
+        match = _ROTATED.match(name)
+        if match is None:
+            return InputFile(path, "capture", path, 0)
+        unit = os.path.join(os.path.dirname(path), match["session"])
+        return InputFile(path, "capture", unit, int(match["seq"]))
+    if name.endswith(PCAP_SUFFIXES):
+        return InputFile(path, "pcap", path, 0)
+    return None
+
+
+def find_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[InputFile]:
+    """Expand files, folders (recursively) and glob patterns into the capture files to
+    ingest, sorted by path. A named file of another kind, or a pattern or folder with no
+    capture in it, raises ``ValueError`` naming it."""
+    found: dict[str, InputFile] = {}
+    for item in inputs:
+        text = os.fspath(item)
+        if os.path.isdir(text):
+            hits = [
+                entry
+                for p in sorted(Path(text).rglob("*"))
+                if p.is_file() and (entry := _classify(str(p.resolve()))) is not None
+            ]
+            if not hits:
+                raise ValueError(f"no capture files (*{CAPTURE_SUFFIX}, *.pcap, *.pcapng) under {text!r}")
+        elif os.path.isfile(text):
+            entry = _classify(str(Path(text).resolve()))
+            if entry is None:
+                raise ValueError(
+                    f"{text!r} is not a capture file (expected *{CAPTURE_SUFFIX}, *.pcap or *.pcapng)"
+                )
+            hits = [entry]
+        else:
+            matches = sorted(glob.glob(text, recursive=True))
+            hits = [e for m in matches if os.path.isfile(m) and (e := _classify(str(Path(m).resolve())))]
+            if not hits:
+                raise ValueError(f"no capture files match {text!r}")
+        for entry in hits:
+            found[entry.path] = entry
+    return [found[p] for p in sorted(found)]
+
+
+# -- executor side -------------------------------------------------------------------------
+
+
+def _with_order(records: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """Append ``seq`` and ``credit_before`` to each record of one session (in decode order)."""
+    last: dict[tuple[str, str], int] = {}
+    for seq, record in enumerate(records):
+        credit = record[_CREDIT]
+        if credit is None:
+            yield (*record, seq, None)
+        else:
+            key = (record[_CHANNEL], record[_CREDIT_DIR])
+            yield (*record, seq, last.get(key))
+            last[key] = credit
+
+
+def decode_units(
+    rows: Iterable[tuple[str, str, bytes]], protocol: str | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """Decode ``(unit, path, content)`` rows into frame-table rows (the contract's 13 fields,
+    then ``seq`` and ``credit_before``).
+
+    Rows of the same unit (a rotated capture's files) must be consecutive and in sequence
+    order; their chunks are decoded as one stream. Pure Python (no Spark): the executors
+    run it inside ``mapInArrow``, and tests run it directly.
+    """
+    from polymux import tracing
+
+    iterator = iter(rows)
+    peek = next(iterator, None)
+    while peek is not None:
+        unit, path, content = peek
+        if path.endswith(PCAP_SUFFIXES) or path.endswith(tuple(s.upper() for s in PCAP_SUFFIXES)):
+            peek = next(iterator, None)
+            try:
+                flows = list(tracing.read_pcap_bytes(content))
+            except Exception as exc:
+                raise ValueError(f"{path}: cannot read the packet capture: {exc}") from exc
+            for flow in flows:
+                fmt = protocol
+                if fmt is None:
+                    c2s = b"".join(d for _t, direction, d in flow.chunks[:8] if direction == "c2s")
+                    s2c = b"".join(d for _t, direction, d in flow.chunks[:8] if direction == "s2c")
+                    fmt = tracing.detect_format(c2s, s2c)
+                if fmt is None:
+                    continue  # not a format we can recognise: skipped (say --protocol)
+                yield from _with_order(tracing.decode_chunks(fmt, flow.chunks, session=flow.session))
+            continue
+        try:
+            first = tracing.read_capture_bytes(content)
+        except Exception as exc:
+            raise ValueError(f"{path}: cannot read the polymux capture: {exc}") from exc
+        peek = next(iterator, None)
+
+        def unit_chunks(first: Any = first, unit: str = unit) -> Iterator[Any]:
+            nonlocal peek
+            yield from first.chunks
+            while peek is not None and peek[0] == unit:
+                _u, more_path, more = peek
+                try:
+                    capture = tracing.read_capture_bytes(more)
+                except Exception as exc:
+                    raise ValueError(f"{more_path}: cannot read the polymux capture: {exc}") from exc
+                peek = next(iterator, None)
+                yield from capture.chunks
+
+        yield from _with_order(tracing.decode_chunks(first.format, unit_chunks(), session=first.session))
+        # decode_chunks may stop early on a violation in both directions: skip the rest
+        while peek is not None and peek[0] == unit:
+            peek = next(iterator, None)
+
+
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    types = {"str": pa.string(), "int64": pa.int64()}
+    names = [name for name, _ in FRAME_FIELDS] + ["seq", "credit_before"]
+    kinds = [kind for _, kind in FRAME_FIELDS] + ["int64", "int64 | None"]
+    return pa.schema(
+        [
+            pa.field(n, types[k.split("|")[0].strip()], nullable="None" in k)
+            for n, k in zip(names, kinds, strict=True)
+        ]
+    )
+
+
+def _to_batches(records: Iterator[tuple[Any, ...]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
+    while True:
+        block = [r for _, r in zip(range(_BATCH_ROWS), records, strict=False)]
+        if not block:
+            return
+        columns = list(zip(*block, strict=True))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
+            schema=schema,
+        )
+
+
+def _decode_batches(batches: Iterator[pa.RecordBatch], protocol: str | None) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: input rows (unit, path, content) -> frame-table batches."""
+
+    def rows() -> Iterator[tuple[str, str, bytes]]:
+        for batch in batches:
+            units = batch.column("unit").to_pylist()
+            paths = batch.column("path").to_pylist()
+            contents = batch.column("content")
+            for i, unit in enumerate(units):
+                yield unit, paths[i], contents[i].as_py()
+
+    yield from _to_batches(decode_units(rows(), protocol), _arrow_schema())
+
+
+def _local_uri(path: str) -> str:
+    return "file://" + str(Path(path).resolve())
+
+
+def ingest(
+    spark: SparkSession,
+    inputs: Sequence[str | os.PathLike[str]] | Sequence[InputFile],
+    protocol: str | None = None,
+) -> DataFrame:
+    """Return the frames DataFrame (columns :data:`~polymux.pipeline.schema.FRAME_TABLE_COLUMNS`)
+    of the given capture files, folders or patterns. Lazy: the decoding runs when the
+    DataFrame is used; write it (``analyze`` writes Parquet) or cache it before running
+    several reports on it.
+
+    Run the action inside :func:`ingest_settings` so that every file is its own task.
+    """
+    from pyspark.sql import functions as F
+
+    files = [f for f in inputs if isinstance(f, InputFile)]
+    if len(files) != len(inputs):
+        files = find_inputs([f for f in inputs if not isinstance(f, InputFile)]) + files
+    if not files:
+        raise ValueError("no inputs")
+    counts: dict[str, int] = {}
+    for f in files:
+        counts[f.unit] = counts.get(f.unit, 0) + 1
+    schema = frames_struct()
+    body = partial(_decode_batches, protocol=protocol)
+    parts: list[DataFrame] = []
+    for rotated in (False, True):
+        chosen = [f for f in files if (counts[f.unit] > 1) == rotated]
+        if not chosen:
+            continue
+        raw = spark.read.format("binaryFile").load([_local_uri(f.path) for f in chosen])
+        if rotated:
+            # the session part of <session>.<seq>.pmcap.parquet, and the sequence number
+            table = raw.select(
+                F.regexp_extract("path", r"^(.*)\.\d+\.pmcap\.parquet$", 1).alias("unit"),
+                F.regexp_extract("path", r"\.(\d+)\.pmcap\.parquet$", 1).cast("long").alias("seq"),
+                "path",
+                "content",
+            )
+            table = table.repartition("unit").sortWithinPartitions("unit", "seq")
+        else:
+            table = raw.select(F.col("path").alias("unit"), "path", "content")
+        parts.append(table.select("unit", "path", "content").mapInArrow(body, schema))
+    frames = parts[0]
+    for more in parts[1:]:
+        frames = frames.unionByName(more)
+    return frames
+
+
+INGEST_SETTINGS = {
+    # every file its own task (binaryFile never splits a file; these stop Spark packing
+    # several small files into one task)
+    "spark.sql.files.maxPartitionBytes": "1",
+    "spark.sql.files.openCostInBytes": "1",
+    # a few rows per Arrow batch into mapInArrow: each row is a whole file
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "4",
+}
+"""SQL settings for the action that runs the ingest (see :func:`polymux.pipeline.spark.sql_conf`)."""
