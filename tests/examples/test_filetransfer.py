@@ -65,9 +65,9 @@ async def test_32_files_interrupted_and_resumed(procs: Procs, short_tmp: Path) -
     receiver, _ = await start_receiver(procs, dest, "--protocol", "mstream-v3", "--unix", str(sock))
     common = ["--protocol", "mstream-v3", "--unix", str(sock), "--progress", "plain", src]
 
-    # First attempt, rate-limited so that it is surely cut mid-way: killed at >= 25%.
+    # First attempt, rate-limited so that it is surely cut mid-way: killed at >= 40%.
     first = await procs.example("filetransfer/send.py", *common, "--limit-rate", "12M", name="send #1")
-    await first.line(r"^progress +(2[5-9]|[3-9]\d)\.\d%", timeout=60)
+    await first.line(r"^progress +([4-9]\d)\.\d%", timeout=60)
     first.proc.kill()
     assert await first.wait() == -signal.SIGKILL
     # The receiver notices, keeps the partial files and says so (one line per file).
@@ -91,9 +91,11 @@ async def test_32_files_interrupted_and_resumed(procs: Procs, short_tmp: Path) -
     assert m, second.stdout
     resumed, unchanged = int(m.group(3)), int(m.group(6))
     assert resumed >= 1 and float(m.group(4)) > 0
-    assert unchanged == len(complete_before)
+    # Files completed before the kill are not sent again (a file renamed just as the
+    # connection died may not have been logged as received, hence >=).
+    assert len(complete_before) <= unchanged < 32
     sent_mib = float(m.group(1)) / (1 if m.group(2) == "MiB" else 1024)
-    assert sent_mib < 24 * 0.8  # not everything again
+    assert sent_mib < 24 * 0.85  # not everything again
     assert re.search(r"resumed at [\d.]+ (KiB|MiB)", receiver.stdout)
     # Identical trees, no partial files left.
     assert tree_digests(dest) == digests
