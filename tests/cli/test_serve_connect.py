@@ -180,3 +180,19 @@ async def test_top_level_help_lists_subcommands(procs: Procs) -> None:
     assert await proc.wait() == 0
     for command in ("demo", "serve", "connect"):
         assert re.search(rf"^\s+{command}\s", proc.stdout, re.MULTILINE), proc.stdout
+
+
+async def test_server_killed_mid_transfer(procs: Procs) -> None:
+    """The peer dies: every channel fails with a clear error, exit 1, and the summary
+    counts only the bytes that really went out."""
+    server, addr = await serve(procs, "mstream-v3", "--tcp", "127.0.0.1:0")
+    client = await procs.polymux(
+        "connect", "--protocol", "mstream-v3", "--tcp", addr, "-n", "2", "--size", "1G", "--json"
+    )
+    await server.line(r"session from", stream="err")
+    server.proc.kill()
+    assert await client.wait() == 1, client.describe()
+    summary = json.loads(client.out[-1])
+    assert summary["planned_bytes"] == 2 << 30 and summary["bytes"] < summary["planned_bytes"]
+    assert summary["verified"] is False
+    assert len(summary["errors"]) == 2 and all("mstream-v3: connection lost" in e for e in summary["errors"])

@@ -170,12 +170,16 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
         return EXIT_CONNECT
     sources = _sources(args, fd)
     echoed = [0] * args.channels
+    written = [0] * args.channels
     start = time.perf_counter()
     errors: list[str] = []
     try:
         async with asyncio.timeout(args.timeout):
             results = await asyncio.gather(
-                *(_channel(session, i, src, mode, args.chunk, echoed) for i, src in enumerate(sources)),
+                *(
+                    _channel(session, i, src, mode, args.chunk, echoed, written)
+                    for i, src in enumerate(sources)
+                ),
                 return_exceptions=True,
             )
             errors = [f"channel {i}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
@@ -184,7 +188,9 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
         errors.append(f"timed out after {args.timeout:g} s")
         session.abort()
     elapsed = time.perf_counter() - start
-    sent = args.size * args.channels
+    planned = args.size * args.channels
+    # What the peer took (drain() returned); the planned total once every channel is done.
+    sent = planned if not errors else sum(written)
     summary = {
         "protocol": protocol,
         "address": str(address),
@@ -192,10 +198,11 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
         "channels": args.channels,
         "bytes_per_channel": args.size,
         "bytes": sent,
+        "planned_bytes": planned,
         "echoed": sum(echoed),
         "verified": mode == "echo" and not errors,
         "seconds": round(elapsed, 4),
-        "mb_per_s": round(sent / elapsed / 1e6, 2),
+        "mb_per_s": round(sent / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
         "errors": errors,
     }
     if args.json:
@@ -209,8 +216,10 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
             "one-way": "sent one-way (nothing verified: no echo possible)",
         }[mode]
         print(
-            f"polymux connect: {args.channels} channels x {format_bytes(args.size)} = {format_bytes(sent)} "
-            f"{check}, in {elapsed:.3f} s: {sent / elapsed / 1e6:.1f} MB/s ({protocol} over {address})"
+            f"polymux connect: {args.channels} channels x {format_bytes(args.size)} = {format_bytes(planned)} "
+            f"{check}"
+            + (f" ({format_bytes(sent)} sent, {format_bytes(sum(echoed))} echoed)" if errors else "")
+            + f", in {elapsed:.3f} s: {sent / elapsed / 1e6:.1f} MB/s ({protocol} over {address})"
             + (f"; {len(errors)} failed" if errors else ""),
             flush=True,
         )
@@ -218,15 +227,23 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
 
 
 async def _channel(
-    session: polymux.Session, index: int, source: _Source, mode: str, chunk: int, echoed: list[int]
+    session: polymux.Session,
+    index: int,
+    source: _Source,
+    mode: str,
+    chunk: int,
+    echoed: list[int],
+    written: list[int],
 ) -> None:
     reader, writer = await session.open_channel(f"connect/{index}")
     size = source.size
 
     async def send() -> None:
         for offset in range(0, size, chunk):
-            writer.write(source.read(offset, chunk))
+            data = source.read(offset, chunk)
+            writer.write(data)
             await writer.drain()
+            written[index] += len(data)
         if mode == "one-way":
             writer.close()
         else:
