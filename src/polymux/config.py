@@ -103,7 +103,9 @@ class SessionConfig:
     """Largest frame body accepted (a larger one is a protocol error); writes are sent in
     frames of at most ``min(max_message_size, send_frame)`` bytes. ``None``: the format's
     default, 1 MiB for ``mplex`` (go-mplex, js-libp2p-mplex) and 16 MiB for ``multiplex``
-    (the npm package has no limit and sends each write as one frame, so a bound is ours)."""
+    (the npm package has no limit and sends each write as one frame, so a bound is ours).
+    omnistreams: the largest whole message (type, id, payload; default 1 MiB + 2), on
+    byte streams checked from its 4-byte length prefix; it also caps our chunk size."""
 
     send_frame: int = 64 * 1024
     """Largest frame polymux sends for formats without a fixed frame size: small enough
