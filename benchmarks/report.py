@@ -159,10 +159,12 @@ def _targets(rows: list[Row], rat: dict[int, float | None]) -> list[str]:
         if r.scenario == "scale" and r.values:
             per = r.extra.get("tracemalloc_per_ch", r.values[0])
             rss = r.extra.get("rss_per_ch")
-            worst = max(per, rss or 0)
+            peer = r.extra.get("peer_rss_per_ch")
+            worst = max(per, rss or 0, peer or 0)
             out.append(
-                f"| idle channels < 4 KiB each ({r.case}) | {r.loop} | {r.transport} | {r.stack} "
-                f"| {per:,.0f} B traced, {_fmt(rss)} B RSS | {'yes' if worst < 4096 else '**no**'} |"
+                f"| idle channels < 4 KiB each, per side ({r.case}) | {r.loop} | {r.transport} | {r.stack} "
+                f"| opener {per:,.0f} B traced / {_fmt(rss)} B RSS, receiver {_fmt(peer)} B RSS "
+                f"| {'yes' if worst < 4096 else '**no**'} |"
             )
     if len(out) == n:
         out.append("| (no target rows in this run) | | | | | |")
@@ -216,3 +218,31 @@ def plots(out: Path, rows: list[Row]) -> list[Path]:
             plt.close(fig)
             written.append(path)
     return written
+
+
+def load(path: Path) -> tuple[list[Row], dict[str, Any]]:
+    """Rows and meta back from a results.json."""
+    data = json.loads(path.read_text())
+    names = set(Row.__dataclass_fields__)
+    rows = [Row(**{k: v for k, v in r.items() if k in names}) for r in data["rows"]]
+    return rows, data["meta"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.report DIR...``: re-render results.md and the plots of each
+    results directory from its results.json (e.g. after merging runs or changing tables)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    parser.add_argument("dirs", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    for d in args.dirs:
+        rows, meta = load(d / "results.json")
+        (d / "results.md").write_text(markdown(rows, meta))
+        plots(d, rows)
+        print(f"re-rendered {d / 'results.md'} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
