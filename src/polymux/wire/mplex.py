@@ -108,7 +108,10 @@ class Decoder:
             probe = bytes(self._partial[: 2 * MAX_HEADER_VARINT]) + data[: 2 * MAX_HEADER_VARINT]
             try:
                 header_len, body_len, stream_id, flag = self._header(probe, 0, len(probe))
-            except Incomplete:
+            except Incomplete as incomplete:
+                # A shared instance: drop its traceback, or every raise appends to it and keeps
+                # the frames (and the buffers they hold) alive forever.
+                incomplete.__traceback__ = None
                 self._partial += data
                 return out
             total = header_len + body_len
@@ -161,7 +164,10 @@ class Decoder:
                         continue
             try:
                 header_len, body_len, stream_id, flag = header(data, pos, end)
-            except Incomplete:
+            except Incomplete as incomplete:
+                # A shared instance: drop its traceback, or every raise appends to it and keeps
+                # the frames (and the buffers they hold) alive forever.
+                incomplete.__traceback__ = None
                 break
             stop = pos + header_len + body_len
             if stop > end:

@@ -381,7 +381,10 @@ class Decoder:
             probe = memoryview(bytes(self._partial[:_MAX_HEADER]) + data[:_MAX_HEADER])
             try:
                 total = self._frame_length(probe, 0, len(probe))
-            except _Incomplete:
+            except _Incomplete as incomplete:
+                # A shared instance: drop its traceback, or every raise appends to it and keeps
+                # the frames (and the buffers they hold) alive forever.
+                incomplete.__traceback__ = None
                 self._partial += data
                 self._check_partial()
                 return out
@@ -436,7 +439,10 @@ class Decoder:
                         continue
             try:
                 code, cid, source, header_len, payload_len = header(mv, pos, end)
-            except _Incomplete:
+            except _Incomplete as incomplete:
+                # A shared instance: drop its traceback, or every raise appends to it and keeps
+                # the frames (and the buffers they hold) alive forever.
+                incomplete.__traceback__ = None
                 break
             stop = pos + header_len + payload_len
             if stop > end:
