@@ -408,3 +408,51 @@ async def test_ids_recycled_over_1000_sequential_streams(connect_pair: Any, kind
         await until(lambda: engine.free_ids == 256 and engine.channel_count == 0)
         [serving] = list(server.sessions)
         assert serving.engine.channel_count == 0
+
+
+async def test_websocket_backpressure_pauses_the_session() -> None:
+    """A WebSocket peer that stops reading pauses the session: the adapter's queue and
+    the channel's buffer stay bounded and ``drain()`` blocks until the peer reads again.
+    (mplex over WebSocket: no credit on the wire, so only the transport can push back.)"""
+    from websockets.asyncio.server import ServerConnection, serve
+
+    reading = asyncio.Event()
+    received = 0
+
+    async def slow_peer(ws: ServerConnection) -> None:
+        nonlocal received
+        await reading.wait()
+        async for message in ws:
+            received += len(message)
+
+    async with asyncio.timeout(30):
+        ws_server = await serve(slow_peer, "127.0.0.1", 0, compression=None, max_queue=1, max_size=None)
+        port = next(iter(ws_server.sockets)).getsockname()[1]
+        session = await polymux.connect_websocket(f"ws://127.0.0.1:{port}/", protocol="mplex")
+        _reader, writer = await session.open_channel("bulk")
+        total = 64 * 1024 * 1024
+
+        async def write_all() -> None:
+            block = bytes(1024 * 1024)
+            for _ in range(total // len(block)):
+                writer.write(block)
+                await writer.drain()
+
+        task = asyncio.ensure_future(write_all())
+        mux = session.mux
+        adapter = mux._transport
+        assert adapter is not None
+        await until(lambda: mux._write_paused)
+        queued = adapter.get_write_buffer_size()
+        # Paused until the queue is down to the low mark; never above the high mark
+        # (2 x batch_bytes) plus the one batch that crossed it.
+        assert session.config.batch_bytes // 2 < queued <= 3 * session.config.batch_bytes + 64 * 1024 + 64
+        await until(lambda: writer.transport.get_write_buffer_size() > session.config.write_buffer_high)
+        assert not task.done()
+        reading.set()
+        await task
+        writer.close()
+        await until(lambda: received >= total)
+        session.abort()
+        ws_server.close()
+        await ws_server.wait_closed()
