@@ -39,13 +39,20 @@ def _pattern(n: int) -> bytes:
 
 
 async def record_session(
-    fmt: str, directory: Path, *, sizes: Iterable[int] = SIZES, frames: bool = False, **options: Any
+    fmt: str,
+    directory: Path,
+    *,
+    sizes: Iterable[int] = SIZES,
+    frames: bool = False,
+    recorder_options: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Recorded:
     """Run a real session of ``fmt`` on 127.0.0.1, both sides recorded: the client opens
     one channel per size, sends that many bytes and ends; the server reads all, answers
-    :func:`reply_size` bytes and closes. Checks what arrived, then returns the captures."""
+    :func:`reply_size` bytes and closes. Checks what arrived, then returns the captures.
+    ``recorder_options`` go to :class:`CaptureRecorder`, ``options`` to the sessions."""
     sizes = list(sizes)
-    recorder = CaptureRecorder(directory, frames=frames, rotate_bytes=options.pop("rotate_bytes", 64 * 2**20))
+    recorder = CaptureRecorder(directory, frames=frames, **(recorder_options or {}))
     received: list[int] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -65,12 +65,12 @@ CAPTURE_SUFFIX = ".pmcap.parquet"
 FRAMES_SUFFIX = ".pmframes.parquet"
 """File name suffix of frame records written by ``CaptureRecorder(frames=True)``."""
 
-try:
-    from pyarrow import ArrowException as ArrowError
-except ImportError:  # pyarrow is optional until a capture is written or read
 
-    class ArrowError(Exception):  # type: ignore[no-redef]
-        """Stand-in for ``pyarrow.ArrowException``."""
+def _write_errors() -> tuple[type[Exception], ...]:
+    """What writing a capture may raise (disk full, permissions, Arrow errors)."""
+    import pyarrow as pa
+
+    return (OSError, ValueError, pa.ArrowException)
 
 
 _INFO_KEYS = ("session", "format", "role", "local", "peer")
@@ -282,7 +282,7 @@ class _SessionFiles:
                 for chunk in rows:
                     records.extend(self.decoder.feed(chunk))
                 self._write_frames(records)
-        except (OSError, ValueError, ArrowError) as exc:  # disk full ...: stop recording this session
+        except _write_errors() as exc:  # disk full ...: stop recording this session
             self.failed = True
             self.recorder._errors.append(exc)
             logger.warning("polymux.tracing: recording of %s stopped: %s", self.session, exc)
@@ -309,7 +309,7 @@ class _SessionFiles:
             if self.writer is None:
                 self._open()
             self._close_files()
-        except (OSError, ValueError, ArrowError) as exc:
+        except _write_errors() as exc:
             self.failed = True
             self.recorder._errors.append(exc)
             logger.warning("polymux.tracing: closing the capture of %s failed: %s", self.session, exc)
@@ -318,7 +318,7 @@ class _SessionFiles:
     def _close_quietly(self) -> None:
         for writer in (self.writer, self.frames_writer):
             if writer is not None:
-                with contextlib.suppress(OSError, ValueError, ArrowError):
+                with contextlib.suppress(*_write_errors()):
                     writer.close()  # already failing: the first error is the one kept
         self.writer = self.frames_writer = None
 
@@ -535,5 +535,5 @@ _open_recorders: weakref.WeakSet[CaptureRecorder] = weakref.WeakSet()
 @atexit.register
 def _close_open_recorders() -> None:
     for recorder in list(_open_recorders):
-        with contextlib.suppress(OSError, ValueError, ArrowError, RuntimeError):
+        with contextlib.suppress(*_write_errors(), RuntimeError):
             recorder.close()  # interpreter exit: nothing left to report to

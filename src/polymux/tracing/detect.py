@@ -49,15 +49,36 @@ def _first(records: list[FrameRecord], direction: str) -> FrameRecord | None:
     return None
 
 
-def _starts(records: list[FrameRecord], heads: dict[str, bytes], types: tuple[str, ...]) -> bool:
-    """Each non-empty direction's first record is one of ``types`` (or truncated, when
-    the head is too short to hold one frame)."""
+def _starts(
+    records: list[FrameRecord], heads: dict[str, bytes], types: tuple[str, ...], answers: tuple[str, ...] = ()
+) -> bool:
+    """The client's first record is a complete one of ``types``; the server's is one of
+    ``types``, one of ``answers`` on a channel the client opened, or cut short by the end
+    of its head."""
     for direction, head in heads.items():
         if not head:
             continue
         first = _first(records, direction)
-        if first is not None and first.frame_type not in types and first.frame_type != "truncated":
+        if first is None:
             return False
+        if first.frame_type in types:
+            continue
+        if direction == S2C and (
+            first.frame_type == "truncated" or first.frame_type in answers and first.channel.startswith("c")
+        ):
+            continue
+        return False
+    return True
+
+
+def _small_ids(records: list[FrameRecord]) -> bool:
+    """The first channel each side names has a small id (a fresh connection's)."""
+    for direction in (C2S, S2C):
+        first = _first(records, direction)
+        if first is not None and first.channel:
+            digits = first.channel.lstrip("cs").split("#")[0]
+            if not digits.isdigit() or int(digits) >= 1024:
+                return False
     return True
 
 
@@ -93,12 +114,24 @@ def detect_format(c2s_head: bytes, s2c_head: bytes) -> str | None:
         records = _decode("mstream-v3", c2s, s2c)
         if records is not None and _starts(records, heads, ("open", "open_ack", "data")):
             return "mstream-v3"
-    for fmt in ("omnistreams", "omnistreams-legacy"):
+    for fmt, create in (("omnistreams", 1), ("omnistreams-legacy", 0)):
         if fmt in PROTOCOLS and all(len(h) < 2 or h[:2] == b"\x00\x00" for h in present):
             records = _decode(fmt, c2s, s2c)
             if records is not None and _starts(records, heads, ("open", "control", "window_update")):
                 return fmt
+            # A first message longer than the head (creation metadata): its length prefix
+            # and type byte, with the stream id 0 the first stream gets.
+            if (
+                len(c2s) >= 6
+                and 0 < int.from_bytes(c2s[:4], "big") <= 1 << 24
+                and c2s[4:6] == bytes((create, 0))
+            ):
+                return fmt
     records = _decode("mplex", c2s, s2c)
-    if records is not None and _starts(records, heads, ("open",)):
+    if (
+        records is not None
+        and _starts(records, heads, ("open",), ("data", "end", "reset"))
+        and _small_ids(records)
+    ):
         return "mplex"
     return None
