@@ -147,6 +147,43 @@ tested while shared, never appended to)."""
 class ChannelTransport(asyncio.Transport):
     """The transport of one channel of a session (see the module docstring)."""
 
+    # Slots: a session may hold 100,000 channels, and past ~30 attributes an instance
+    # dict grows to ~800 bytes. "__dict__" keeps other attributes possible (lazily).
+    __slots__ = (
+        "_accepted",
+        "_backlog",
+        "_backlog_size",
+        "_buf",
+        "_buffered",
+        "_close_timer",
+        "_closing",
+        "_done",
+        "_eof_requested",
+        "_eof_sent",
+        "_feed_limit",
+        "_handle",
+        "_held_credit",
+        "_high",
+        "_label_text",
+        "_local_origin",
+        "_low",
+        "_mux",
+        "_name",
+        "_overflow_timer",
+        "_partner",
+        "_protocol",
+        "_protocol_paused",
+        "_queued",
+        "_read_closed",
+        "_reader",
+        "_reading_paused",
+        "_receive_only",
+        "_remote_ended",
+        "_unconsumed",
+        "_write_error",
+        "__dict__",
+    )
+
     def __init__(self, mux: MuxProtocol, handle: int, name: str) -> None:
         super().__init__()
         self._mux = mux
