@@ -195,7 +195,10 @@ class _WebSocketTransport(asyncio.Transport):
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
-        if exc is not None:
+        from websockets.protocol import State
+
+        if exc is not None or self._ws.state is State.OPEN:
+            # Broken, or ended without a closing handshake (a protocol error): drop it.
             self._ws.transport.abort()
         self._mux.connection_lost(exc)
 
