@@ -295,6 +295,12 @@ def test_bad_credit_overrun() -> None:
         b.receive_data(framed(Kind.DATA, 1, b"x"))
 
 
+def test_bad_data_before_any_credit() -> None:
+    b = OmnistreamsEngine()
+    with pytest.raises(FlowControlError, match="STREAM_DATA on channel 1 .* before any STREAM_REQUEST_DATA"):
+        b.receive_data(framed(Kind.CREATE, 1, b"") + framed(Kind.DATA, 1, b"eager"))
+
+
 def test_bad_chunk_larger_than_announced() -> None:
     b, _ = accepted_receiver()
     with pytest.raises(

@@ -22,7 +22,9 @@ Rules:
   message beyond the credit (:class:`~polymux.exceptions.FlowControlError`).
 * Data for an id that is not open gets CANCEL_SEND (as the spec says) and is ignored; data,
   END or CANCEL for a stream we cancelled is ignored until the sender re-creates the id;
-  data or END after the stream's END is a protocol error.
+  data or END after the stream's END is a protocol error. (One race is the protocol's own:
+  a cancel that crosses the END of a stream whose id the sender reuses at once cancels the
+  new stream. Ids are handed out least-recently-used first to make that unlikely.)
 * Cancelling: the receiver sends CANCEL_SEND; the sender sends CANCEL_RECEIVE (spec
   numbering). The legacy numbering has no CANCEL_RECEIVE: a sender's reset is sent as
   STREAM_END there (the only way to release the peer's stream) and the peer sees a normal end.
@@ -210,6 +212,11 @@ class OmnistreamsEngine(Engine):
                 )
             recv = record.recv
             assert isinstance(recv, MessageWindow)
+            if not record.accepted:
+                self.closed = True
+                raise FlowControlError(
+                    self.format, f"STREAM_DATA on {record.describe()} before any STREAM_REQUEST_DATA"
+                )
             if not recv.received_message(n):
                 self.closed = True
                 raise FlowControlError(
