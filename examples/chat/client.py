@@ -72,7 +72,7 @@ async def read_room(client: ChatClient, room: str, state: State) -> None:
                 received += 1
                 if record.get("nick") == client.nick:
                     state.own += 1
-                    if args.send is not None and state.own >= args.send + len(args.say):
+                    if args.send is None or state.own >= args.send + len(args.say):
                         state.own_done.set()
                 else:
                     state.others += 1
@@ -98,8 +98,9 @@ async def read_room(client: ChatClient, room: str, state: State) -> None:
             state.disconnected.set_result(f"disconnected from #{room}: {exc}")
 
 
-async def interactive(client: ChatClient, rooms: list[str]) -> None:
+async def interactive(client: ChatClient, rooms: list[str], state: State) -> None:
     loop = asyncio.get_running_loop()
+    sent = 0
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         text = line.rstrip("\n")
         room = rooms[0]
@@ -107,6 +108,11 @@ async def interactive(client: ChatClient, rooms: list[str]) -> None:
             room, text = text[1:].split(" ", 1)
         if text:
             await client.say(room, text)
+            sent += 1
+    # End of input: leave once what we said has come back (it reached the room).
+    while state.own < sent:
+        state.own_done.clear()
+        await state.own_done.wait()
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -139,7 +145,7 @@ async def main(args: argparse.Namespace) -> int:
             goals.append(state.until.wait())
         first = args.room[0]
         work = asyncio.ensure_future(
-            send_all(client, first, args) if goals else interactive(client, args.room)
+            send_all(client, first, args) if goals else interactive(client, args.room, state)
         )
         done = asyncio.gather(work, *goals)
         finished, _pending = await asyncio.wait(
@@ -200,4 +206,7 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    sys.exit(run(main(arguments), use_uvloop=arguments.uvloop))
+    try:
+        sys.exit(run(main(arguments), use_uvloop=arguments.uvloop))
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C

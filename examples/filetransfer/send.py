@@ -75,4 +75,7 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    sys.exit(run(main(arguments), use_uvloop=arguments.uvloop))
+    try:
+        sys.exit(run(main(arguments), use_uvloop=arguments.uvloop))
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C: the connection is dropped; the receiver keeps what it has
