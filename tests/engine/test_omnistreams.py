@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, strategies as st
 
 from polymux.config import SessionConfig
 from polymux.engine import events as ev, make_engine
+from polymux.engine.flow import MessageCredit, MessageWindow, split_count
 from polymux.engine.omnistreams import ControlReceived, OmnistreamsEngine
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire.omnistreams import LEGACY, SPEC, Kind, LengthPrefixDecoder, Numbering, encode, encode_length
@@ -364,3 +366,55 @@ def test_requests_and_cancels_for_unknown_streams_are_ignored() -> None:
         framed(Kind.REQUEST_DATA, 4, b"\x05") + framed(Kind.CANCEL_SEND, 4) + framed(Kind.CANCEL_RECEIVE, 4)
     )
     assert events == [] and a.data_to_send() == []
+
+
+# -- message credit arithmetic (engine/flow.py) -----------------------------------------------
+
+
+@given(
+    st.integers(1, 40),
+    st.lists(st.integers(0, 100), min_size=1, max_size=60),
+    st.lists(st.integers(1, 250), max_size=60),
+)
+def test_message_window_credits_only_consumed_messages(
+    window: int, sizes: list[int], reads: list[int]
+) -> None:
+    recv = MessageWindow(window, max(1, window // 4))
+    arrived: list[int] = []
+    for size in sizes:
+        if not recv.received_message(size):
+            assert recv.outstanding == window  # refused only when the window is full
+            break
+        arrived.append(size)
+    total = sum(arrived)
+    consumed = 0
+    granted = 0
+    for n in reads:
+        n = min(n, total - consumed)
+        consumed += n
+        granted += recv.consumed_bytes(n)
+        # Never more than the messages whose bytes were all consumed (empty ones, which
+        # hold no memory, count at once).
+        whole = arrived.count(0)
+        acc = 0
+        for size in filter(None, arrived):
+            acc += size
+            if acc > consumed:
+                break
+            whole += 1
+        assert granted <= whole
+        assert recv.outstanding == len(arrived) - granted
+    granted += recv.flush()
+    assert granted <= len(arrived)
+
+
+def test_message_credit_counts_partial_chunks() -> None:
+    credit = MessageCredit(100)
+    credit.grow(3)
+    assert credit.available_bytes == 300
+    assert credit.consume_bytes(150) == 2
+    assert credit.available_bytes == 100
+    assert credit.messages_for(0) == 1
+    with pytest.raises(ValueError, match="exceeds the available credit of 1"):
+        credit.consume_bytes(101)
+    assert split_count(0) == [] and split_count(255) == [255] and split_count(600) == [255, 255, 90]
