@@ -5,13 +5,14 @@ told; ``drop``: it misses messages and is told exactly how many)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 from pathlib import Path
 
 import pytest
 
-from cli.procs import Proc, Procs
+from cli.procs import EXAMPLES, PY, Proc, Procs
 
 
 MESSAGES = 3000
@@ -123,3 +124,27 @@ async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> 
     assert await bob.wait() == 0 and "received 1 messages from others" in bob.stdout
     bad = await procs.example("chat/server.py", "--protocol", "mplex")
     assert await bad.wait() == 2 and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
+
+
+async def test_interactive_client_two_rooms_over_streamux(procs: Procs, short_tmp: Path) -> None:
+    """What a person does: type lines (one to another room with ``#room``), then end the
+    input. Streamux, whose channels are request/response, carries the chat too."""
+    protocol = "streamux"
+    _server, tcp, unix = await start_server(procs, short_tmp, protocol)
+    bob = await client(
+        procs, protocol, ["--tcp", tcp], "bob", "--room", "lobby", "--room", "dev", "--expect", "2"
+    )
+    await bob.line(r"^joined #dev as bob")
+    ada = await procs.start(
+        PY, EXAMPLES / "chat/client.py", "--protocol", protocol, "--unix", unix, "--nick", "ada",
+        "--room", "lobby", "--room", "dev", name="ada", stdin=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    await ada.line(r"^joined #dev as ada; members: ada, bob")
+    assert ada.proc.stdin is not None
+    ada.proc.stdin.write(b"hello all\n#dev in dev now\n")
+    await ada.proc.stdin.drain()
+    ada.proc.stdin.close()
+    assert await ada.wait() == 0, ada.describe()
+    assert "[#lobby] ada: hello all" in ada.out and "[#dev] ada: in dev now" in ada.out
+    assert await bob.wait() == 0, bob.describe()
+    assert "[#lobby] ada: hello all" in bob.out and "[#dev] ada: in dev now" in bob.out
