@@ -237,10 +237,10 @@ class Receiver:
         digest = hashlib.sha256()
         if _is_regular(part):
             have = min(part.stat().st_size, size)
-            _hash_prefix(part, have, digest)
+            await asyncio.to_thread(_hash_prefix, part, have, digest)  # large: off the loop
         elif _is_regular(target) and target.stat().st_size == size:  # noqa: ASYNC240
             have, existing = size, True
-            _hash_prefix(target, size, digest)
+            await asyncio.to_thread(_hash_prefix, target, size, digest)
         write_record(
             writer, {"type": "accept", "offset": have, "prefix_sha256": digest.hexdigest() if have else ""}
         )
@@ -455,7 +455,7 @@ async def _send(
     with open(t.path, "rb") as f:  # noqa: ASYNC230
         start = 0
         if have:
-            _hash_stream(f, have, digest)
+            await asyncio.to_thread(_hash_stream, f, have, digest)  # large: off the loop
             if digest.hexdigest() == prefix:
                 start = have
             else:  # the receiver's partial is not a prefix of this file: from the start
