@@ -66,17 +66,18 @@ async def test_connect_against_serve_every_format(procs: Procs, protocol: str) -
     assert re.search(r"stopped; 1 sessions, 4 channels \(0 failed\)", server.stdout)
 
 
-async def test_unix_socket_file_echo(procs: Procs, short_tmp: Path) -> None:
+async def test_unix_socket_file_echo_on_uvloop(procs: Procs, short_tmp: Path) -> None:
     sock = short_tmp / "s.sock"
     data = bytes(range(256)) * 3001  # 768,256 bytes, not a multiple of the write size
     (short_tmp / "payload").write_bytes(data)
-    server, _ = await serve(procs, "mstream-v2", "--unix", str(sock), "--window", "64K")
+    server, _ = await serve(procs, "mstream-v2", "--unix", str(sock), "--window", "64K", "--uvloop")
     client = await procs.polymux(
         "connect",
         "--protocol",
         "mstream-v2",
         "--unix",
         str(sock),
+        "--uvloop",
         "-n",
         "3",
         "--file",
