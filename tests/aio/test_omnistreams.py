@@ -148,11 +148,11 @@ async def test_unusable_halves_fail_clearly(connect_pair: Any, kind: str) -> Non
 
 @pytest.mark.parametrize("kind", ["tcp", "ws"])
 async def test_credit_exhaustion_blocks_drain(connect_pair: Any, kind: str) -> None:
-    readers: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+    readers: asyncio.Queue[tuple[asyncio.StreamReader, Any]] = asyncio.Queue()
     finished = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await readers.put(reader)
+        await readers.put((reader, writer.transport))
         await finished.wait()
         writer.close()
 
@@ -165,13 +165,19 @@ async def test_credit_exhaustion_blocks_drain(connect_pair: Any, kind: str) -> N
         assert isinstance(channel, ChannelTransport)
         engine = session.engine
         assert isinstance(engine, OmnistreamsEngine)
-        peer_reader = await readers.get()
+        peer_reader, peer_channel = await readers.get()
         writer.write(b"a" * 64 * 1024)
         drain = asyncio.ensure_future(writer.drain())
         # The 4 granted messages went out; nothing more may: credit 0, drain blocked.
         await until(lambda: channel._buffered == 60 * 1024 and engine.send_credit(channel.handle) == 0)
         assert not drain.done()
-        assert len(peer_reader._buffer) == 4096  # type: ignore[attr-defined]
+        # The receiving side gets exactly the 4 messages it granted, and holds them unread.
+        peer_engine = peer_channel.get_extra_info("session").engine
+        recv = peer_engine._record(peer_channel.handle).recv
+        await until(lambda: recv.outstanding == 4)
+        assert recv.pending == 0
+        assert not drain.done()
+        assert channel._buffered == 60 * 1024
         got = await peer_reader.readexactly(64 * 1024)  # consuming returns credit
         assert got == b"a" * 64 * 1024
         await drain

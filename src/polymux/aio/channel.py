@@ -184,6 +184,10 @@ class ChannelTransport(asyncio.Transport):
         "__dict__",
     )
 
+    _extra: dict[str, Any] | None = None
+    """Extra info of one-way channels (omnistreams metadata); set on those only, so other
+    channels get no instance dict."""
+
     def __init__(self, mux: MuxProtocol, handle: int, name: str) -> None:
         super().__init__()
         self._mux = mux
@@ -224,7 +228,6 @@ class ChannelTransport(asyncio.Transport):
         self._overflow_timer: asyncio.TimerHandle | None = None
         self._receive_only: str | None = None  # one-way formats: why writes are refused
         self._partner: ChannelTransport | None = None  # closed with this one (a stream pair)
-        self._extra: dict[str, Any] | None = None  # extra info of one-way channels (metadata)
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
