@@ -184,9 +184,7 @@ class ChannelTransport(asyncio.Transport):
         "__dict__",
     )
 
-    _extra: dict[str, Any] | None = None
-    """Extra info of one-way channels (omnistreams metadata); set on those only, so other
-    channels get no instance dict."""
+    _extra: dict[str, Any]  # asyncio.BaseTransport's extra-info dict (set by its __init__)
 
     def __init__(self, mux: MuxProtocol, handle: int, name: str) -> None:
         super().__init__()
@@ -264,7 +262,7 @@ class ChannelTransport(asyncio.Transport):
                 )
             metadata = getattr(engine, "metadata", None)
             if metadata is not None and engine.is_live(self._handle):
-                self._extra = {"metadata": metadata(self._handle)}
+                self._extra["metadata"] = metadata(self._handle)  # asyncio's own extra dict
         protocol.connection_made(self)
 
     @property
@@ -283,7 +281,7 @@ class ChannelTransport(asyncio.Transport):
         session's own transport knows (``peername``, ``sockname``, ``socket`` ...)."""
         if name == "channel_name":
             return self._name
-        if self._extra is not None and name in self._extra:
+        if name in self._extra:
             return self._extra[name]
         if name == "channel":
             return self._label_text
