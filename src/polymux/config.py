@@ -73,6 +73,12 @@ class SessionConfig:
     """Seconds a ping may go unanswered before the session fails (a dead peer must not
     hang readers)."""
 
+    idle_timeout: float | None = 300.0
+    """Seconds a session with no channels may go without receiving a byte before it is
+    closed: a half-open connection (the peer vanished without a FIN), or a peer that
+    connects and never speaks (not even its handshake), must not hold a socket forever.
+    ``None`` disables it. Formats with pings also detect dead peers by keepalive."""
+
     stream_open_timeout: float = 75.0
     """Seconds an opened stream may wait for the peer's acknowledgement before it is
     reset (yamux; hashicorp's default)."""
@@ -193,6 +199,10 @@ class SessionConfig:
         if self.keepalive_interval is not None and self.keepalive_interval <= 0:
             raise ValueError(
                 f"SessionConfig.keepalive_interval must be positive or None, got {self.keepalive_interval!r}"
+            )
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise ValueError(
+                f"SessionConfig.idle_timeout must be positive or None, got {self.idle_timeout!r}"
             )
         for name in ("handshake_timeout", "close_timeout", "keepalive_timeout", "stream_open_timeout"):
             if getattr(self, name) <= 0:

@@ -278,7 +278,8 @@ class ChannelTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """``channel_name``, ``channel``, ``session``, ``protocol_name``, ``metadata``
         (omnistreams: the stream's creation metadata bytes) and anything the
-        session's own transport knows (``peername``, ``sockname``, ``socket`` ...)."""
+        session's own transport knows (``peername``, ``sockname``, ``socket``,
+        ``ssl_object`` ... but not ``sslcontext``, see below)."""
         if name == "channel_name":
             return self._name
         if name in self._extra:
@@ -289,6 +290,12 @@ class ChannelTransport(asyncio.Transport):
             return self._mux.session
         if name == "protocol_name":
             return self._mux.engine.format
+        if name == "sslcontext":
+            # asyncio's StreamReaderProtocol takes a transport with an ``sslcontext`` for one
+            # that cannot half-close, and closes it at the peer's end-of-writing. A channel
+            # half-closes on any connection: the TLS details stay available as
+            # ``ssl_object``, ``peercert`` and ``cipher`` (and on the session).
+            return default
         return self._mux.get_extra_info(name, default)
 
     # -- write side --------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
@@ -34,7 +37,9 @@ class Server:
     def _make(self) -> MuxProtocol:
         mux = self._factory()
         session = mux.session
-        self.sessions.add(session)
+        # Counted from connection_made, which a failed TLS handshake never reaches (and
+        # then no connection_lost follows: a session added now would stay forever).
+        mux.on_connection_made = lambda: self.sessions.add(session)
         mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
         if self._session_handler is not None:
             mux.ready.add_done_callback(lambda f: self._run_handler(session, f))
@@ -139,10 +144,35 @@ async def start_unix_server(
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
     ssl: Any = None,
+    mode: int | None = 0o600,
     **options: Any,
 ) -> Server:
-    """Listen on a unix socket (see :func:`start_server`)."""
+    """Listen on a unix socket (see :func:`start_server`).
+
+    The socket file gets permissions ``mode`` (default ``0o600``: only this user may
+    connect) before the server listens, so no other user can connect in between;
+    ``None`` leaves them to the umask. A stale socket file at ``path`` is replaced.
+    """
     server = _server(protocol, handler, config, session_handler, offer_filter, options)
     loop = asyncio.get_running_loop()
-    server._server = await loop.create_unix_server(server._make, os.fspath(path), ssl=ssl)
+    name = os.fspath(path)
+    if mode is None:
+        server._server = await loop.create_unix_server(server._make, name, ssl=ssl)
+        return server
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(name).st_mode):
+            os.remove(name)  # a stale socket, as asyncio.start_unix_server does
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound = False
+    try:
+        sock.bind(name)
+        bound = True
+        os.chmod(name, mode)
+        server._server = await loop.create_unix_server(server._make, sock=sock, ssl=ssl)
+    except BaseException:
+        sock.close()
+        if bound:
+            with contextlib.suppress(OSError):
+                os.remove(name)
+        raise
     return server

@@ -97,6 +97,8 @@ class MuxProtocol(asyncio.Protocol):
         self._keepalive: asyncio.Task[None] | None = None
         self._open_timers: dict[int, asyncio.TimerHandle] = {}
         self._capture: CaptureSink | None = None
+        self._last_activity = self.loop.time()  # last byte received, or last channel gone
+        self._idle_timer: asyncio.TimerHandle | None = None
         # omnistreams: control messages not yet read, and stream pairs waiting for their answer.
         self._controls: deque[bytes] = deque()
         self._control_waiters: deque[asyncio.Future[bytes]] = deque()
@@ -106,12 +108,17 @@ class MuxProtocol(asyncio.Protocol):
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.session = Session(self)
+        self.on_connection_made: Callable[[], None] | None = None
+        """Called once the connection is made: servers count a session only from then on
+        (a TLS handshake that fails never makes it, nor ends it)."""
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self._transport = cast(asyncio.Transport, transport)
+        if self.on_connection_made is not None:
+            self.on_connection_made()
         if self.config.capture is not None:
             self._start_capture(self._transport)
         if self.engine.ready:
@@ -120,7 +127,40 @@ class MuxProtocol(asyncio.Protocol):
             if self.engine.ready:
                 self._send_ping()  # at once: the RTT drives window tuning
             self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
+        if self.config.idle_timeout is not None:
+            self._last_activity = self.loop.time()
+            self._idle_timer = self.loop.call_later(self.config.idle_timeout, self._check_idle)
         self._schedule_flush()
+
+    def _check_idle(self) -> None:
+        """``idle_timeout``: close a session that has had no channels and received nothing
+        for that long (a half-open connection, or a peer that never speaks)."""
+        self._idle_timer = None
+        timeout = self.config.idle_timeout
+        transport = self._transport
+        if transport is None or timeout is None or self._error is not None:
+            return
+        now = self.loop.time()
+        if self._channels or self._incoming or self._offers:
+            self._last_activity = now
+        idle = now - self._last_activity
+        if idle < timeout:
+            self._idle_timer = self.loop.call_later(timeout - idle, self._check_idle)
+            return
+        self._error = SessionClosed(
+            f"{self.engine.format}: closed after {timeout:g} s with no channels and nothing received "
+            "(idle_timeout)"
+        )
+        logger.info("%s", self._error)
+        self._closing = True
+        if not self.engine.closed:
+            self.engine.close()  # a go-away where the format has one
+            out = self.engine.data_to_send()
+            if out:
+                if self._capture is not None:
+                    self._capture.sent(out)
+                transport.writelines(out)
+        transport.close()
 
     def _start_capture(self, transport: asyncio.Transport) -> None:
         def addr(name: str) -> str:
@@ -202,7 +242,7 @@ class MuxProtocol(asyncio.Protocol):
             return
         if self._capture is not None:
             self._capture.received(data)
-        self.engine.now = self.loop.time()
+        self.engine.now = self._last_activity = self.loop.time()
         try:
             events = self.engine.receive_data(data)
         except ProtocolError as exc:
@@ -236,6 +276,9 @@ class MuxProtocol(asyncio.Protocol):
             capture.close()
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         for timer in self._open_timers.values():
             timer.cancel()
         self._open_timers.clear()
@@ -543,6 +586,7 @@ class MuxProtocol(asyncio.Protocol):
             timer.cancel()
         if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
             self._inbound -= 1
+        self._last_activity = self.loop.time()
 
     def _reset_channel(self, channel: ChannelTransport, message: str | None) -> None:
         if self.engine.is_live(channel._handle) and not self.engine.closed:
