@@ -44,3 +44,21 @@ async def test_demo_refuses_one_way_formats(procs: Procs) -> None:
         demo = await procs.polymux("demo", "--protocol", protocol)
         assert await demo.wait() == 2
         assert "one-way" in demo.stderr
+
+
+async def test_demo_interrupted_and_resumed(procs: Procs) -> None:
+    demo = await procs.polymux(
+        "demo", "--files", "6", "--size", "12", "--interrupt", "40", "--progress", "plain"
+    )
+    assert await demo.wait(timeout=60) == 0, demo.describe()
+    out = demo.stdout
+    m = re.search(r"^-- the connection was cut at 40% \((\d) files complete, (\d) not\)", out, re.MULTILINE)
+    assert m and int(m.group(2)) >= 1, out
+    m2 = re.search(
+        r"6/6 files verified .* resumed (\d+) \(.* not re-sent\), unchanged (\d+), failed 0$",
+        out,
+        re.MULTILINE,
+    )
+    assert m2, out
+    assert int(m2.group(2)) == int(m.group(1))  # complete before the cut: not sent again
+    assert "6/6 identical to the originals" in out

@@ -671,13 +671,20 @@ async def send_with_progress(
     parallel: int = 8,
     progress: str = "auto",
     limiter: RateLimiter | None = None,
+    on_progress: Callable[[Transfer], None] | None = None,
 ) -> float:
-    """Send ``transfers`` showing progress (``make_progress`` modes); return the seconds."""
+    """Send ``transfers`` showing progress (``make_progress`` modes); return the seconds.
+    ``on_progress(transfer)`` is called too, after the display."""
     view = make_progress(transfers, progress)
+    callbacks = [f for f in (view.update if view is not None else None, on_progress) if f is not None]
+
+    def report(t: Transfer) -> None:
+        for callback in callbacks:
+            callback(t)
+
     start = time.perf_counter()
-    if view is None:
-        await send_files(session, transfers, parallel=parallel, limiter=limiter)
-    else:
-        with view:
-            await send_files(session, transfers, parallel=parallel, progress=view.update, limiter=limiter)
+    with view if view is not None else contextlib.nullcontext():
+        await send_files(
+            session, transfers, parallel=parallel, progress=report if callbacks else None, limiter=limiter
+        )
     return time.perf_counter() - start

@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument("--size", type=float, default=64.0, help="MiB in all (64)")
     demo.add_argument("--parallel", type=int, default=8, help="channels in flight at once (8)")
     demo.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
+    demo.add_argument(
+        "--interrupt",
+        type=int,
+        nargs="?",
+        const=50,
+        metavar="PERCENT",
+        help="cut the connection at PERCENT (50) of the bytes, then resume on a new one",
+    )
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory")
     demo.add_argument("--uvloop", action="store_true", help="run on uvloop")
     demo.set_defaults(func=run, parser=demo)
@@ -47,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo."""
     if args.files < 1 or args.size <= 0 or args.parallel < 1:
         args.parser.error("--files and --parallel must be >= 1 and --size > 0")
+    if args.interrupt is not None and not 1 <= args.interrupt <= 99:
+        args.parser.error("--interrupt must be a percentage in 1..99")
     if not two_way(args.protocol):
         args.parser.error(f"{args.protocol} channels are one-way; the file transfer needs two-way channels")
     work = Path(tempfile.mkdtemp(prefix="polymux-demo-"))
@@ -86,6 +96,8 @@ async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer])
             f"server on 127.0.0.1:{server.port}",
             flush=True,
         )
+        if args.interrupt is not None:
+            await _interrupted_pass(args, server.port, transfers)
         async with await polymux.connect("127.0.0.1", server.port, protocol=args.protocol) as session:
             elapsed = await send_with_progress(
                 session, transfers, parallel=args.parallel, progress=args.progress
@@ -106,6 +118,30 @@ async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer])
         flush=True,
     )
     return 0 if not failed and on_disk == len(transfers) else 1
+
+
+async def _interrupted_pass(args: argparse.Namespace, port: int, transfers: list[Transfer]) -> None:
+    """Send until ``args.interrupt`` percent of the bytes are out, then cut the
+    connection (as a network failure would); the receiver keeps the partial files."""
+    first = [Transfer(t.path, t.name, t.size) for t in transfers]
+    threshold = sum(t.size for t in first) * args.interrupt / 100
+    session = await polymux.connect("127.0.0.1", port, protocol=args.protocol)
+
+    def maybe_cut(_t: Transfer) -> None:
+        if not session.is_closed and sum(t.done for t in first) >= threshold:
+            session.abort()
+
+    async with session:
+        await send_with_progress(
+            session, first, parallel=args.parallel, progress=args.progress, on_progress=maybe_cut
+        )
+    complete = sum(t.status == "done" for t in first)
+    print(
+        f"-- the connection was cut at {args.interrupt}% ({complete} files complete, "
+        f"{len(first) - complete} not); the receiver keeps the partial files. Resuming on a new "
+        "connection: only what is missing is sent.",
+        flush=True,
+    )
 
 
 def _sha256(path: Path) -> str:
