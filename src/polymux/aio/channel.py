@@ -72,6 +72,22 @@ class ChannelStreamReader(asyncio.StreamReader):
         if exc is not None:
             super().set_exception(exc)
 
+    async def read(self, n: int = -1) -> bytes:
+        """``StreamReader.read``; received data the buffer does not hold yet is handed
+        out without passing through the buffer (one copy fewer per byte)."""
+        while n > 0 and not self._buffer:
+            transport = self._transport
+            if transport is None:
+                break
+            if transport._backlog:
+                data = transport._read_backlog(n)
+                self._maybe_resume_transport()
+                return data
+            if self._eof or self._exception is not None or self._deferred is not None:  # type: ignore[attr-defined]
+                break
+            await self._wait_for_data("read")
+        return await super().read(n)
+
     def _maybe_resume_transport(self) -> None:
         super()._maybe_resume_transport()  # type: ignore[misc]
         transport = self._transport
@@ -150,6 +166,7 @@ class ChannelTransport(asyncio.Transport):
     # Slots: a session may hold 100,000 channels, and past ~30 attributes an instance
     # dict grows to ~800 bytes. "__dict__" keeps other attributes possible (lazily).
     __slots__ = (
+        "__dict__",
         "_accepted",
         "_backlog",
         "_backlog_size",
@@ -181,7 +198,6 @@ class ChannelTransport(asyncio.Transport):
         "_remote_ended",
         "_unconsumed",
         "_write_error",
-        "__dict__",
     )
 
     _extra: dict[str, Any]  # asyncio.BaseTransport's extra-info dict (set by its __init__)
@@ -215,7 +231,7 @@ class ChannelTransport(asyncio.Transport):
         # bytearray: appending to it after reads from its front moves everything it
         # holds, so it is kept small (its own pause size, 2 x limit, and at least one
         # 256 KiB read) and the rest of the window waits here.
-        self._backlog: deque[bytes] = _NO_DEQUE  # type: ignore[assignment]
+        self._backlog: deque[BytesLike] = _NO_DEQUE
         self._backlog_size = 0
         self._feed_limit = max(2 * mux.config.stream_limit, 256 * 1024)
         self._reading_paused = False
@@ -488,18 +504,27 @@ class ChannelTransport(asyncio.Transport):
         reader = self._reader
         if reader is not None:
             self._unconsumed += n
-            if not self._backlog and (
-                len(reader._buffer) < self._feed_limit or reader._waiter is not None  # type: ignore[attr-defined]
+            buffer = reader._buffer
+            if (
+                buffer
+                and not self._backlog
+                and (len(buffer) < self._feed_limit or reader._waiter is not None)  # type: ignore[attr-defined]
             ):
                 reader._feed_parts(data, more)
             else:
-                # Copied: a view would pin the whole received chunk it points into.
+                # Into the backlog, copied once (a view would pin the whole received chunk
+                # it points into). ``read()`` hands these objects out as they are, so the
+                # common path copies each byte once, where the stdlib's buffer copies it
+                # in and out again.
                 backlog = self._backlog
                 if backlog is _NO_DEQUE:
                     backlog = self._backlog = deque()
                 backlog.append(bytes(data))
-                backlog.extend(bytes(part) for part in more)
+                if more:
+                    backlog.extend([bytes(part) for part in more])
                 self._backlog_size += n
+                if reader._waiter is not None:  # type: ignore[attr-defined]
+                    reader._wakeup_waiter()  # type: ignore[attr-defined]
             mux = self._mux
             if not mux.engine.has_flow_control and self._unconsumed > mux.config.receive_window:
                 self._reader_behind()
@@ -522,8 +547,29 @@ class ChannelTransport(asyncio.Transport):
             self._mux._ack(self._handle, consumed)
             if self._reading_paused and held <= self._mux.config.receive_window // 2:
                 self._set_reading_paused(False)
-        if self._backlog:
-            self._top_up(self._feed_limit)
+
+    def _read_backlog(self, n: int) -> bytes:
+        """``read(n)`` served from the backlog (the reader's buffer is empty): a received
+        part as it is when it fits, small parts joined, a large one split."""
+        backlog = self._backlog
+        first = backlog[0]
+        size = len(first)
+        if size > n:
+            view = memoryview(first)
+            backlog[0] = view[n:]  # a view of our own copy: pins nothing more
+            data = bytes(view[:n])
+        elif size == n or size >= _COALESCE or len(backlog) == 1:
+            data = bytes(backlog.popleft())  # no copy unless it is the rest of a split part
+        else:
+            parts = []
+            size = 0
+            while backlog and size + len(backlog[0]) <= n:
+                part = backlog.popleft()
+                parts.append(part)
+                size += len(part)
+            data = b"".join(parts)
+        self._backlog_size -= len(data)
+        return data
 
     def _top_up(self, limit: int | None) -> bool:
         """Move backlog into the reader while its buffer is below ``limit`` (None: all)."""
