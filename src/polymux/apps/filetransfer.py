@@ -656,10 +656,16 @@ def _rate(n: int, seconds: float) -> str:
 
 
 def make_progress(transfers: list[Transfer], mode: str = "auto") -> PlainProgress | RichProgress | None:
-    """``auto`` (rich on a terminal, plain lines otherwise), ``rich``, ``plain`` or ``none``."""
+    """``auto`` (rich on a terminal, plain lines otherwise or without the ``apps`` extra),
+    ``rich``, ``plain`` or ``none``."""
     if mode == "none":
         return None
-    if mode == "rich" or (mode == "auto" and sys.stdout.isatty()):
+    if mode == "auto" and sys.stdout.isatty():
+        try:
+            return RichProgress(transfers)
+        except ModuleNotFoundError:  # rich is the `apps` extra: plain lines without it
+            return PlainProgress(transfers)
+    if mode == "rich":
         return RichProgress(transfers)
     return PlainProgress(transfers)
 
