@@ -20,7 +20,7 @@ from polymux.pipeline.reports import REPORTS, SORT_KEYS, reports
 from polymux.pipeline.spark import Progress, build_session, sql_conf, under_spark_submit
 
 
-__all__ = ["Summary", "analyze", "collect_reports", "write_reports"]
+__all__ = ["Summary", "analyze", "collect_reports", "report_settings", "write_reports"]
 
 
 @dataclass
@@ -66,6 +66,12 @@ def write_reports(tables: Mapping[str, pd.DataFrame], out: str | os.PathLike[str
         table.to_parquet(folder / f"{name}.parquet", index=False)
 
 
+def report_settings(spark: SparkSession) -> dict[str, str]:
+    """SQL settings for the report queries: their shuffles carry small aggregates, so a
+    few partitions (not Spark's default 200, each a task per shuffle) are enough."""
+    return {"spark.sql.shuffle.partitions": str(max(2, min(8, spark.sparkContext.defaultParallelism)))}
+
+
 def analyze(
     inputs: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -103,11 +109,12 @@ def analyze(
         table = spark.read.parquet("file://" + str(table_dir))
         count = table.count()
         info["detail"] = f"{len(files)} files -> {count:,} frames in {table_dir}"
-    with steps.stage("reports") as info:
+    with steps.stage("reports") as info, sql_conf(spark, report_settings(spark)):
         computed = reports(table)
         tables = collect_reports(computed)
-        computed["_fine"].unpersist()
-        computed["_events"].unpersist()
+        for name, frame in computed.items():
+            if name.startswith("_"):
+                frame.unpersist()
         write_reports(tables, folder)
         info["detail"] = ", ".join(f"{name} {len(t)}" for name, t in tables.items())
     with steps.stage("html") as info:

@@ -125,29 +125,32 @@ def event_rows(frames: DataFrame) -> DataFrame:
 def reports(frames: DataFrame) -> dict[str, DataFrame]:
     """All reports of a frames table (see :data:`REPORTS`), as DataFrames.
 
-    Two small intermediate tables are cached (``unpersist`` them through
-    ``result["_fine"]``/``result["_events"]``, which are also returned) -- the frames
-    table itself is only scanned twice.
+    Small intermediate tables are cached; they are returned too, under names starting
+    with ``_`` (``unpersist`` them when done). The frames table itself is scanned twice.
     """
     from pyspark.sql import Window, functions as F
 
     fine = fine_table(frames).cache()
     events = event_rows(frames).cache()
 
-    per_dir = fine.groupBy("session", "format", "channel", "direction").agg(
-        F.sum("frames").alias("frames"),
-        F.sum("data_frames").alias("data_frames"),
-        F.sum("data_bytes").alias("data_bytes"),
-        F.min("first_ns").alias("first_ns"),
-        F.max("last_ns").alias("last_ns"),
-        F.sum("opens").alias("opens"),
-        F.sum("open_acks").alias("open_acks"),
-        F.sum("ends").alias("ends"),
-        F.sum("closes").alias("closes"),
-        F.sum("resets").alias("resets"),
-        F.min("first_open_ns").alias("first_open_ns"),
-        F.min("first_reset_ns").alias("first_reset_ns"),
-        F.min("first_end_ns").alias("first_end_ns"),
+    per_dir = (
+        fine.groupBy("session", "format", "channel", "direction")
+        .agg(
+            F.sum("frames").alias("frames"),
+            F.sum("data_frames").alias("data_frames"),
+            F.sum("data_bytes").alias("data_bytes"),
+            F.min("first_ns").alias("first_ns"),
+            F.max("last_ns").alias("last_ns"),
+            F.sum("opens").alias("opens"),
+            F.sum("open_acks").alias("open_acks"),
+            F.sum("ends").alias("ends"),
+            F.sum("closes").alias("closes"),
+            F.sum("resets").alias("resets"),
+            F.min("first_open_ns").alias("first_open_ns"),
+            F.min("first_reset_ns").alias("first_reset_ns"),
+            F.min("first_end_ns").alias("first_end_ns"),
+        )
+        .cache()
     )
     traffic = per_dir.select(
         "session",
@@ -169,7 +172,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         F.col("data_bytes").alias("bytes"),
         F.col("data_frames").alias("frames"),
     )
-    bounds = fine.groupBy("session").agg(
+    bounds = per_dir.groupBy("session").agg(
         F.min("first_ns").alias("session_start_ns"), F.max("last_ns").alias("session_end_ns")
     )
 
@@ -289,6 +292,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         # zero credit until the sender itself ended the channel: nothing was waiting
         .where(F.col("ended_by") != "sender_end")
         .withColumn("duration_s", (F.col("end_ns") - F.col("start_ns")) / _NS)
+        .cache()
     )
     stall_totals = stalls.groupBy("session", "format", "channel", "sender").agg(
         F.count(F.lit(1)).alias("stalls"),
@@ -325,7 +329,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
 
     data_dir = F.when(F.col("data_frames") > 0, F.col("direction"))
     sessions = (
-        fine.groupBy("session", "format")
+        per_dir.groupBy("session", "format")
         .agg(
             F.min("first_ns").alias("start_ns"),
             F.max("last_ns").alias("end_ns"),
@@ -365,6 +369,8 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         "violations": violations,
         "_fine": fine,
         "_events": events,
+        "_per_dir": per_dir,
+        "_stalls": stalls,
     }
 
 
