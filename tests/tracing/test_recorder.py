@@ -123,9 +123,11 @@ def test_recorder_by_hand(tmp_path: Path) -> None:
     cap = read_capture(recorder.paths[0])
     assert [(d, data) for _t, d, data in cap.chunks] == [
         ("c2s", b"hello"),
-        ("s2c", b"0123xy"),
+        ("s2c", b"0123"),  # one row per part of a batch
+        ("s2c", b"xy"),
         ("c2s", b"world"),
     ]
+    assert cap.chunks[1][0] == cap.chunks[2][0]  # one batch, one time
     assert (cap.role, cap.local, cap.peer) == ("server", "a", "b")
     assert recorder.errors == []
     with pytest.raises(RuntimeError, match="closed"):

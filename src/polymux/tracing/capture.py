@@ -4,11 +4,12 @@ A capture file (``<session>.<seq:04d>.pmcap.parquet``) is a Parquet file with on
 chunk of bytes: ``time_ns int64, direction string ("c2s"|"s2c"), data binary``, and
 key-value metadata naming the session (``docs/tracing.md`` has the versioned format).
 
-Cost on the event loop while recording: a clock read, one tuple appended per received
-chunk, one join (the only copy) per batch the session writes. Full batches go to one writer
-thread per recorder through a bounded queue (so memory is bounded; if the disk cannot keep
-up, the session waits); the thread builds the Arrow tables, writes and rotates the files,
-and decodes frames when asked to.
+Cost on the event loop while recording: a clock read and a tuple appended per received
+chunk and per part of each batch the session writes; parts are kept without copying when
+they are ``bytes`` or views of ``bytes`` (immutable), copied otherwise. Full batches go to
+one writer thread per recorder through a bounded queue (so memory is bounded; if the disk
+cannot keep up, the session waits); the thread builds the Arrow tables (zero-copy), writes
+and rotates the files, and decodes frames when asked to.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import queue
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeAlias
 
 from polymux._types import BytesLike
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord, frame_schema
@@ -72,6 +74,9 @@ def _write_errors() -> tuple[type[Exception], ...]:
 
     return (OSError, ValueError, pa.ArrowException)
 
+
+_Row: TypeAlias = tuple[int, str, BytesLike]
+"""A chunk as recorded: data is ``bytes`` or a view of ``bytes`` (immutable either way)."""
 
 _INFO_KEYS = ("session", "format", "role", "local", "peer")
 _counter = itertools.count(1)
@@ -200,6 +205,25 @@ def read_session(paths: Iterable[str | os.PathLike[str]]) -> Capture:
 # -- recording -----------------------------------------------------------------------------
 
 
+def _table(rows: list[_Row]) -> pa.Table:
+    """The Arrow table of capture rows. The data column is one zero-copy chunk per row:
+    the writer thread copies nothing while it holds the GIL (Parquet copies the bytes
+    into pages with the GIL released), so the event loop's thread is not held up."""
+    import pyarrow as pa
+
+    times, directions, datas = zip(*rows, strict=True)
+    binary = pa.binary()
+    from_buffers = pa.BinaryArray.from_buffers
+    chunks = [
+        from_buffers(binary, 1, [None, pa.py_buffer(array("i", (0, len(data)))), pa.py_buffer(data)])
+        for data in datas
+    ]
+    return pa.table(
+        [pa.array(times, pa.int64()), pa.array(directions, pa.string()), pa.chunked_array(chunks, binary)],
+        schema=capture_schema(),
+    )
+
+
 class _SessionFiles:
     """The writer thread's state for one session: open files, sizes, live decoder."""
 
@@ -235,7 +259,15 @@ class _SessionFiles:
         base = rec.directory / f"{self.session}.{self.seq:04d}"
         schema = capture_schema().with_metadata(self._metadata("polymux.capture.version", CAPTURE_VERSION))
         path = base.with_name(base.name + CAPTURE_SUFFIX)
-        self.writer = pq.ParquetWriter(path, schema, compression=rec.compression)
+        # No dictionary and no statistics for the data column: hashing and comparing every
+        # payload would cost several times the write itself.
+        self.writer = pq.ParquetWriter(
+            path,
+            schema,
+            compression=rec.compression,
+            use_dictionary=["direction"],
+            write_statistics=["time_ns", "direction"],
+        )
         self.paths.append(path)
         self.size = 0
 
@@ -254,8 +286,7 @@ class _SessionFiles:
                 writer.close()
         self.writer = self.frames_writer = None
 
-    def write(self, rows: list[Chunk], size: int) -> None:
-        import pyarrow as pa
+    def write(self, rows: list[_Row], size: int) -> None:
 
         if self.failed:
             return
@@ -266,21 +297,12 @@ class _SessionFiles:
             if self.writer is None:
                 self._open()
             assert self.writer is not None
-            times, directions, datas = zip(*rows, strict=True)
-            table = pa.table(
-                [
-                    pa.array(times, pa.int64()),
-                    pa.array(directions, pa.string()),
-                    pa.array(datas, pa.binary()),
-                ],
-                schema=capture_schema(),
-            )
-            self.writer.write_table(table)
+            self.writer.write_table(_table(rows))
             self.size += size
             if self.decoder is not None:
                 records: list[FrameRecord] = []
-                for chunk in rows:
-                    records.extend(self.decoder.feed(chunk))
+                for t, direction, data in rows:
+                    records.extend(self.decoder.feed((t, direction, bytes(data))))
                 self._write_frames(records)
         except _write_errors() as exc:  # disk full ...: stop recording this session
             self.failed = True
@@ -333,7 +355,7 @@ class _CaptureSink:
         self._files = files
         self._out = C2S if role == "client" else S2C
         self._in = S2C if role == "client" else C2S
-        self._rows: list[Chunk] = []
+        self._rows: list[_Row] = []
         self._size = 0
         self._last = 0
         self._batch_bytes = recorder.batch_bytes
@@ -355,19 +377,29 @@ class _CaptureSink:
             return
         self._rows.append((self._now(), self._in, data if type(data) is bytes else bytes(data)))
         self._size += len(data)
-        if self._size >= self._batch_bytes or len(self._rows) >= 8192:
+        if self._size >= self._batch_bytes or len(self._rows) >= 65536:
             self.flush()
 
     def sent(self, chunks: Sequence[BytesLike]) -> None:
-        """Bytes handed to the socket (one batch)."""
+        """Bytes handed to the socket (one batch): one row per part. Parts that are
+        ``bytes``, or views of ``bytes``, are immutable and kept as they are (no copy);
+        anything else is copied now, since its owner may reuse it."""
         if self.closed:
             return
-        data = b"".join(chunks)
-        if not data:
-            return
-        self._rows.append((self._now(), self._out, data))
-        self._size += len(data)
-        if self._size >= self._batch_bytes or len(self._rows) >= 8192:
+        t = self._now()
+        rows = self._rows
+        out = self._out
+        size = 0
+        for part in chunks:
+            n = len(part)
+            if not n:
+                continue
+            if type(part) is not bytes and not (type(part) is memoryview and type(part.obj) is bytes):
+                part = bytes(part)
+            rows.append((t, out, part))
+            size += n
+        self._size += size
+        if self._size >= self._batch_bytes or len(rows) >= 65536:
             self.flush()
 
     def flush(self) -> None:
@@ -405,9 +437,13 @@ class CaptureRecorder:
         rotate_bytes: data bytes per file before rotating.
         frames: also write decoded frame records.
         batch_bytes: bytes a session buffers before handing a batch to the writer thread.
-        max_queued: batches waiting for the writer thread before the event loop waits.
-        compression: Parquet compression of capture files (``"snappy"``, ``"zstd"``,
-            ``"none"`` ...).
+            Large batches matter: the writer thread needs the GIL a few times per batch,
+            and a busy event loop hands it over only every ``sys.getswitchinterval()``.
+        max_queued_bytes: bytes handed over and not yet written before the event loop
+            waits for the writer (memory stays bounded when the disk is slow).
+        compression: Parquet compression of capture files: ``"none"`` (the default: the
+            cheapest to write, and payloads are often incompressible), ``"zstd"``,
+            ``"lz4"``, ``"snappy"`` ...
     """
 
     def __init__(
@@ -416,21 +452,23 @@ class CaptureRecorder:
         *,
         rotate_bytes: int = 64 * 2**20,
         frames: bool = False,
-        batch_bytes: int = 1024 * 1024,
-        max_queued: int = 64,
-        compression: str = "snappy",
+        batch_bytes: int = 8 * 1024 * 1024,
+        max_queued_bytes: int = 64 * 1024 * 1024,
+        compression: str = "none",
     ) -> None:
         import pyarrow  # noqa: F401 - fail here, not on the first session, if it is missing
 
-        if rotate_bytes <= 0 or batch_bytes <= 0 or max_queued <= 0:
-            raise ValueError("CaptureRecorder: rotate_bytes, batch_bytes and max_queued must be positive")
+        if rotate_bytes <= 0 or batch_bytes <= 0 or max_queued_bytes <= 0:
+            raise ValueError(
+                "CaptureRecorder: rotate_bytes, batch_bytes and max_queued_bytes must be positive"
+            )
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.rotate_bytes = rotate_bytes
         self.frames = frames
         self.batch_bytes = batch_bytes
         self.compression = compression
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(max_queued)
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(max(2, max_queued_bytes // batch_bytes))
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._sinks: set[_CaptureSink] = set()  # open ones
@@ -475,7 +513,7 @@ class CaptureRecorder:
                 self._thread.start()
                 _open_recorders.add(self)
 
-    def _submit(self, files: _SessionFiles, rows: list[Chunk], size: int) -> None:
+    def _submit(self, files: _SessionFiles, rows: list[_Row], size: int) -> None:
         if self._thread is None:
             self._start()
         self._queue.put(("write", files, rows, size))
