@@ -75,8 +75,9 @@ def _write_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, pa.ArrowException)
 
 
-_Row: TypeAlias = tuple[int, str, BytesLike]
-"""A chunk as recorded: data is ``bytes`` or a view of ``bytes`` (immutable either way)."""
+_Row: TypeAlias = tuple[int, str, BytesLike | tuple[BytesLike, ...]]
+"""A chunk as recorded: data is ``bytes`` or a view of ``bytes`` (immutable either way),
+or a tuple of such parts (a sent batch, joined by the writer thread)."""
 
 _INFO_KEYS = ("session", "format", "role", "local", "peer")
 _counter = itertools.count(1)
@@ -205,10 +206,14 @@ def read_session(paths: Iterable[str | os.PathLike[str]]) -> Capture:
 # -- recording -----------------------------------------------------------------------------
 
 
-def _table(rows: list[_Row]) -> pa.Table:
-    """The Arrow table of capture rows. The data column is one zero-copy chunk per row:
-    the writer thread copies nothing while it holds the GIL (Parquet copies the bytes
-    into pages with the GIL released), so the event loop's thread is not held up."""
+def _joined(rows: list[_Row]) -> list[tuple[int, str, BytesLike]]:
+    """Rows with their parts joined (in the writer thread: one copy, in C)."""
+    return [(t, d, b"".join(data) if isinstance(data, tuple) else data) for t, d, data in rows]
+
+
+def _table(rows: list[tuple[int, str, BytesLike]]) -> pa.Table:
+    """The Arrow table of capture rows, zero-copy: the data column is one chunk per row,
+    so Parquet copies the bytes into its pages with the GIL released."""
     import pyarrow as pa
 
     times, directions, datas = zip(*rows, strict=True)
@@ -297,11 +302,12 @@ class _SessionFiles:
             if self.writer is None:
                 self._open()
             assert self.writer is not None
-            self.writer.write_table(_table(rows))
+            chunks = _joined(rows)
+            self.writer.write_table(_table(chunks))
             self.size += size
             if self.decoder is not None:
                 records: list[FrameRecord] = []
-                for t, direction, data in rows:
+                for t, direction, data in chunks:
                     records.extend(self.decoder.feed((t, direction, bytes(data))))
                 self._write_frames(records)
         except _write_errors() as exc:  # disk full ...: stop recording this session
@@ -381,14 +387,12 @@ class _CaptureSink:
             self.flush()
 
     def sent(self, chunks: Sequence[BytesLike]) -> None:
-        """Bytes handed to the socket (one batch): one row per part. Parts that are
-        ``bytes``, or views of ``bytes``, are immutable and kept as they are (no copy);
-        anything else is copied now, since its owner may reuse it."""
+        """Bytes handed to the socket (one batch, one row). Parts that are ``bytes``, or
+        views of ``bytes``, are immutable and kept as they are (no copy here; the writer
+        thread joins them); anything else is copied now, since its owner may reuse it."""
         if self.closed:
             return
-        t = self._now()
-        rows = self._rows
-        out = self._out
+        parts = []
         size = 0
         for part in chunks:
             n = len(part)
@@ -396,10 +400,13 @@ class _CaptureSink:
                 continue
             if type(part) is not bytes and not (type(part) is memoryview and type(part.obj) is bytes):
                 part = bytes(part)
-            rows.append((t, out, part))
+            parts.append(part)
             size += n
+        if not size:
+            return
+        self._rows.append((self._now(), self._out, parts[0] if len(parts) == 1 else tuple(parts)))
         self._size += size
-        if self._size >= self._batch_bytes or len(rows) >= 65536:
+        if self._size >= self._batch_bytes or len(self._rows) >= 65536:
             self.flush()
 
     def flush(self) -> None:
