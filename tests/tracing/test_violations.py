@@ -222,3 +222,42 @@ def test_decoding_is_fast_enough(fmt: str) -> None:
         sum(r.length for r in records if r.frame_type == "data") == 128 * (len(body) // len(frame)) * payload
     )
     assert elapsed < 1.0, elapsed
+
+
+def test_violation_deep_inside_a_big_chunk_is_found_fast() -> None:
+    """The bad frame is located by bisection at the codec's speed, not byte by byte."""
+    frame = yamux.encode_header(0, 0, 1, 1000) + bytes(1000)
+    good = frame * 8000  # 8 MB of valid frames, then a bad header, all in one chunk
+    chunks = [
+        (0, "s2c", yamux.encode_header(1, 2, 1, 1 << 30)),
+        (1, "c2s", yamux.encode_header(1, 1, 1, 0) + good + b"\x05" + bytes(11) + frame),
+    ]
+    start = time.perf_counter()
+    records = list(decode_chunks("yamux", chunks, session="v"))
+    elapsed = time.perf_counter() - start
+    c2s = [r for r in records if r.direction == "c2s"]
+    assert [r.frame_type for r in c2s[1:-1]] == ["data"] * 8000
+    assert c2s[-1].frame_type == "violation"
+    assert c2s[-1].offset == 12 + len(good)
+    assert c2s[-1].error == "yamux: frame header version is 5, expected 0"
+    assert elapsed < 2.0, elapsed
+
+
+def test_streamux_bytes_without_negotiation_are_bounded() -> None:
+    from polymux.wire import streamux
+
+    init = streamux.encode_init(streamux.InitMessage())
+    decoder = FrameDecoder("streamux", session="x")
+    records = decoder.feed((0, "c2s", init))
+    assert [r.frame_type for r in records] == ["handshake"]
+    start = time.perf_counter()
+    for i in range(20):  # the server never answers: 20 MiB wait for negotiation
+        records += decoder.feed((i, "c2s", bytes(1 << 20)))
+    records += decoder.finish()
+    assert time.perf_counter() - start < 2.0
+    assert [r.frame_type for r in records] == ["handshake", "violation"]
+    assert records[1].offset == 5
+    assert records[1].error == (
+        "streamux: more than 16777216 bytes of chunks arrived before negotiation "
+        "(no initialize message from the other side)"
+    )

@@ -8,9 +8,10 @@ as a bystander can: channel keys, frame types and the credit each direction has 
 How offsets stay exact: each direction's codec is fed whole chunks (its fast path); the
 frames it returns are sized by a formula, and the sum must equal what the codec consumed
 (``fed - pending``). Where it does not (an encoding that is legal but not minimal, such as
-a wide msgpack integer) or where the codec raises, the bytes since the last known frame
-boundary are replayed through a fresh codec a byte at a time, which gives every frame's
-end, and the start of the bad frame, exactly. Memory per direction is bounded by the
+a wide msgpack integer), the bytes since the last known frame boundary are replayed
+through a fresh codec, a frame at a time, which gives every frame's end exactly. Where the
+codec raises, the shortest prefix that makes a fresh codec raise is found by bisection,
+and the bad frame starts after the last complete frame before it. Memory per direction is bounded by the
 codec's largest frame.
 """
 
@@ -473,7 +474,9 @@ class _StreamuxCodec:
             if negotiated is None:
                 if len(self.held) > MAX_HELD:
                     raise ProtocolError(
-                        self.tracker.fmt, f"{len(self.held)} bytes of chunks arrived before negotiation"
+                        self.tracker.fmt,
+                        f"more than {MAX_HELD} bytes of chunks arrived before negotiation "
+                        "(no initialize message from the other side)",
                     )
                 return out
             self.chunks = wire.Decoder(negotiated)
@@ -830,25 +833,39 @@ class FrameDecoder:
         return sizes
 
     def _replay_to_error(self, d: _Direction, data: bytes, time_ns: int, exc: ProtocolError) -> None:
-        """The codec raised inside ``data`` (the bytes from the boundary): decode the
-        frames before the bad one a byte at a time, then report the violation where the
-        bad frame starts."""
-        codec = self._fresh(d)
-        start = d.boundary
-        done: list[tuple[Any, int]] = []
+        """The codec raised inside ``data`` (the bytes from the boundary). Find the
+        shortest prefix of ``data`` that makes a fresh codec raise (errors only appear as
+        bytes are added: a binary search, each probe at the codec's full speed); the
+        frames the prefix before it holds are decoded and emitted, and the violation is
+        reported where the bad frame starts (after the last complete frame)."""
         error = exc
-        for i in range(len(data)):
-            try:
-                got = codec.feed(data[i : i + 1])
-            except ProtocolError as replayed:
-                error = replayed
-                break
-            done.extend((item, i + 1) for item in got)
-        offset = start
-        for item, end in done:
+        lo, hi = 0, len(data)  # data[:lo] decodes; data[:hi] raises
+        try:
+            self._fresh(d).feed(data)
+        except ProtocolError as probe:
+            error = probe
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                try:
+                    self._fresh(d).feed(data[:mid])
+                except ProtocolError as probe:
+                    error = probe
+                    hi = mid
+                else:
+                    lo = mid
+        else:  # the fresh codec disagrees with the live one: report at the boundary
+            lo = 0
+        codec = self._fresh(d)
+        items = codec.feed(data[:lo])
+        good = lo - codec.pending  # bytes of complete frames before the bad one
+        sizes = [self._tracker.size(item) for item in items]
+        if sum(sizes) != good:
+            sizes = self._exact_sizes(d, data[:good], sizes)
+        offset = d.boundary
+        for item, n in zip(items, sizes, strict=True):
             if not self._emit(d, item, offset, time_ns):
                 return
-            offset = start + end
+            offset += n
         self._violation(d, offset, time_ns, str(error))
 
 
