@@ -166,7 +166,8 @@ class MuxProtocol(asyncio.Protocol):
         def addr(name: str) -> str:
             value = transport.get_extra_info(name)
             if isinstance(value, tuple):
-                return ":".join(str(part) for part in value[:2])
+                host = str(value[0])
+                return f"[{host}]:{value[1]}" if ":" in host else f"{host}:{value[1]}"
             return "" if value is None else str(value)
 
         info = {
@@ -176,7 +177,12 @@ class MuxProtocol(asyncio.Protocol):
             "peer": addr("peername"),
         }
         assert self.config.capture is not None
-        self._capture = self.config.capture(info)
+        try:
+            self._capture = self.config.capture(info)
+        except Exception:  # a broken recorder must not break the session
+            logger.exception(
+                "%s: the capture factory failed; this session is not recorded", self.engine.format
+            )
 
     # -- pings and keepalive -----------------------------------------------------------------
 
