@@ -18,6 +18,7 @@ Exceptions are anyio's: ``EndOfStream`` at the peer's end of writing,
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +27,7 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from polymux._types import CaptureSink
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, events as ev, make_engine
 from polymux.exceptions import (
@@ -38,6 +40,8 @@ from polymux.exceptions import (
     SessionClosed,
 )
 
+
+logger = logging.getLogger("polymux")
 
 __all__ = ["AnyioChannel", "AnyioSession", "ChannelAttribute", "ChannelStream", "session"]
 
@@ -250,8 +254,34 @@ class AnyioSession:
         self._output = anyio.Event()  # the engine has bytes for the writer task
         self._done = anyio.Event()
         self._peer_goaway: str | None = None
+        self._capture: CaptureSink | None = None
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
+
+    def _start_capture(self, is_client: bool) -> None:
+        """``SessionConfig.capture``: the same hook as the asyncio session's."""
+        from anyio.abc import SocketAttribute
+
+        def addr(attribute: Any) -> str:
+            value = self._stream.extra(attribute, None)
+            if isinstance(value, tuple):
+                host = str(value[0])
+                return f"[{host}]:{value[1]}" if ":" in host else f"{host}:{value[1]}"
+            return "" if value is None else str(value)
+
+        info = {
+            "format": self.engine.format,
+            "role": "client" if is_client else "server",
+            "local": addr(SocketAttribute.local_address),
+            "peer": addr(SocketAttribute.remote_address),
+        }
+        assert self.config.capture is not None
+        try:
+            self._capture = self.config.capture(info)
+        except Exception:  # a broken recorder must not break the session
+            logger.exception(
+                "%s: the capture factory failed; this session is not recorded", self.engine.format
+            )
 
     @property
     def protocol(self) -> str:
@@ -335,8 +365,11 @@ class AnyioSession:
         async with self._send_lock:
             while out := self.engine.data_to_send():
                 self._check()
+                data = b"".join(out)
+                if self._capture is not None:
+                    self._capture.sent((data,))
                 try:
-                    await self._stream.send(b"".join(out))
+                    await self._stream.send(data)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     self._end(exc)
                     raise _broken(exc) from exc
@@ -379,6 +412,8 @@ class AnyioSession:
                     engine.receive_eof()
                     self._end(None)
                     return
+                if self._capture is not None:
+                    self._capture.received(data)
                 for event in engine.receive_data(data):
                     await self._dispatch(event)
                 if engine.has_output:
@@ -492,6 +527,9 @@ class AnyioSession:
     def _release(self) -> None:
         """Close what the session owns that has no peer to wait for."""
         self._incoming.close()
+        if self._capture is not None:
+            capture, self._capture = self._capture, None
+            capture.close()
 
     async def wait_closed(self) -> None:
         """Wait until the session ended."""
@@ -516,6 +554,8 @@ async def session(
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
     s = AnyioSession(stream, make_engine(protocol, cfg, is_client=is_client), cfg)
+    if cfg.capture is not None:
+        s._start_capture(is_client)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(s._run)
