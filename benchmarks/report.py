@@ -66,8 +66,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
             "- ratio = polymux / baseline of the same scenario, loop, transport and run "
             f"(`{RAW_STREAMS}`: asyncio streams; `{RAW_PROTOCOL}`: plain asyncio.Protocol)"
         ),
-        "",
     ]
+    lines += [f"- note: {n}" for n in meta.get("notes", [])]
+    lines.append("")
     lines += _targets(rows, rat)
     scenarios: dict[str, list[Row]] = defaultdict(list)
     for r in rows:

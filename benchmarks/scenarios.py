@@ -20,11 +20,13 @@ of :mod:`benchmarks.peer` for the same event loop and transport.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import shutil
 import tempfile
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import polymux
@@ -46,6 +48,7 @@ from benchmarks.common import (
     close_session,
     close_writer,
     header,
+    loop_factory,
     open_stream,
     rss_bytes,
 )
@@ -592,6 +595,40 @@ async def scale(peer: Peer, fmt: str, count: int, loop: str, transport: str, pro
             session.abort()
         pairs.clear()
     return row
+
+
+def _scale_child(loop: str, transport: str, fmt: str, count: int, progress: bool, conn: Connection) -> None:
+    peer = Peer(loop, transport, [fmt]).start()
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+            row = runner.run(scale(peer, fmt, count, loop, transport, progress))
+    finally:
+        peer.stop()
+    conn.send(row)
+
+
+async def scale_isolated(fmt: str, count: int, loop: str, transport: str, progress: bool) -> Row:
+    """:func:`scale` in a fresh opening process against a fresh receiving process, so that
+    memory freed by earlier measurements (still resident) cannot hide the RSS growth."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_scale_child, args=(loop, transport, fmt, count, progress, child))
+    proc.start()
+    limit = SETUP_TIMEOUT * (4 + 2 * max(1, count // 10_000))
+    try:
+        ready = await asyncio.get_running_loop().run_in_executor(None, parent.poll, limit)
+        if not ready:
+            raise BenchError(f"scale: no result within {limit:g} s")
+        row: Row = parent.recv()
+        return row
+    except (BenchError, EOFError, OSError) as exc:
+        row = Row("scale", f"{count:,} idle ch", fmt, loop, transport, "B/ch", higher_is_better=False)
+        row.errors.append(f"{type(exc).__name__}: {exc}")
+        return row
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, SETUP_TIMEOUT)
+        if proc.is_alive():
+            proc.kill()
 
 
 # -- slow reader -----------------------------------------------------------------------------

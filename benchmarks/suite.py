@@ -201,7 +201,7 @@ async def run_combo(
     if "scale" in want:
         for count in b.scale_counts:
             for fmt in fmts:
-                rows.append(await sc.scale(peer, fmt, count, loop, transport, progress))
+                rows.append(await sc.scale_isolated(fmt, count, loop, transport, progress))
     if "slow" in want:
         for stack in (RAW_STREAMS, *fmts):
             rows.append(
