@@ -198,21 +198,26 @@ def plots(out: Path, rows: list[Row]) -> list[Path]:
             if r.scenario == scenario and r.x is not None and r.median is not None:
                 groups[(r.loop, r.transport)].append(r)
         for (loop, transport), grows in groups.items():
-            fig, ax = plt.subplots(figsize=(7, 4.5))
+            fig, ax = plt.subplots(figsize=(9, 4.8))
+            ax.set_prop_cycle(color=[plt.get_cmap("tab20")(i % 20) for i in range(40)])
             stacks: dict[str, list[tuple[float, float]]] = defaultdict(list)
             for r in grows:
                 assert r.x is not None and r.median is not None
                 stacks[r.stack].append((r.x, r.median))
             for stack, pts in sorted(stacks.items()):
                 pts.sort()
-                style = "--" if stack in (RAW_STREAMS, RAW_PROTOCOL) else "-"
+                style = (
+                    "--" if stack in (RAW_STREAMS, RAW_PROTOCOL) else (":" if NODE_SUFFIX in stack else "-")
+                )
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=stack)
             ax.set_xscale("log", base=2)
+            xs = sorted({p[0] for pts in stacks.values() for p in pts})
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{scenario}: {loop}, {transport}")
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
             fig.tight_layout()
             path = out / f"{stem}_{loop}_{transport}.png"
             fig.savefig(path, dpi=90)
