@@ -1061,7 +1061,10 @@ def test_eof_inside_a_chunk(tail: bytes, pending: int) -> None:
     ha = a.open_channel()
     a.send_data(ha, b"complete")
     assert [type(e) for e in pump(a, b)] == [ChannelOpened, DataReceived]
-    assert b.receive_data(tail) == []
+    # What arrived of a chunk's body is delivered at once (memory does not grow with the
+    # negotiated chunk length); the EOF is still a protocol error.
+    events = b.receive_data(tail)
+    assert [type(e) for e in events] == ([DataReceived] if pending > 4 else [])
     with pytest.raises(ProtocolError, match=rf"^streamux: connection ended inside a chunk \({pending} bytes"):
         b.receive_eof()
     assert b.closed

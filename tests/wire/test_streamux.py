@@ -983,3 +983,42 @@ def test_arbitrary_bytes_raise_only_protocol_error(
     except ProtocolError as err:
         assert err.format == "streamux"
         assert "unused" in err.detail
+
+
+# -- streamed chunk bodies (what the engine uses) ------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    chunks=st.lists(
+        st.tuples(st.integers(0, 255), st.booleans(), st.booleans(), st.binary(max_size=300)), max_size=12
+    ),
+    cuts=st.lists(st.integers(0, 5000), max_size=20),
+)
+def test_streamed_bodies_carry_the_same_chunks(
+    chunks: list[tuple[int, bool, bool, bytes]], cuts: list[int]
+) -> None:
+    """With ``stream_bodies`` a chunk may arrive as several pieces: only the last carries
+    its termination flag, no piece is empty unless the chunk is (an empty chunk is a
+    cancel or a ping), and the pieces join to the chunk's body, whatever the read sizes."""
+    n = Negotiated(8, 10)
+    stream = b"".join(
+        encode_header(n, cid, len(body), response, term) + body for cid, response, term, body in chunks
+    )
+    reads = [stream[a:b] for a, b in pairwise([0, *sorted(c % (len(stream) + 1) for c in cuts), len(stream)])]
+    decoder = Decoder(n, stream_bodies=True)
+    pieces = [piece for data in reads for piece in decoder.feed(data)]
+    assert decoder.pending == 0
+    rebuilt: list[tuple[int, bool, bool, bytes]] = []
+    body = b""
+    for cid, response, term, data in pieces:
+        expected = chunks[len(rebuilt)]
+        assert (cid, response) == expected[:2]
+        body += bytes(data)
+        assert len(body) <= len(expected[3])
+        if term or (len(body) == len(expected[3]) and not expected[2]):
+            rebuilt.append((cid, response, term, body))
+            body = b""
+        else:
+            assert data, "an empty piece would read as a cancel"
+    assert rebuilt == chunks

@@ -101,7 +101,7 @@ class StreamuxEngine(Engine):
     def _set_negotiated(self, n: wire.Negotiated) -> None:
         self.negotiated = n
         self.max_frame = max(1, min(n.max_length, self.config.send_frame))
-        self._decoder = wire.Decoder(n)
+        self._decoder = wire.Decoder(n, stream_bodies=True)
         rnd = self._random_id if self._random_id is not None else int.from_bytes(os.urandom(4), "big")
         self._next_id = rnd % n.id_count
 

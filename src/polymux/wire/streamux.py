@@ -254,23 +254,81 @@ class Decoder:
     ``max_length``) is buffered.
     """
 
-    def __init__(self, n: Negotiated) -> None:
+    def __init__(self, n: Negotiated, *, stream_bodies: bool = False) -> None:
         self.negotiated = n
         self._size = n.header_size
         self._length_mask = (1 << n.length_bits) - 1
         self._limit = 1 << (n.id_bits + n.length_bits + 2)
         self._partial = bytearray()
         self._waiting_for = 0
+        # stream_bodies: a chunk's body is delivered as it arrives, as non-terminated
+        # pieces (never empty) and a last piece with the chunk's own flags, so memory
+        # does not grow with the negotiated chunk length (up to 1 GiB at 30 bits).
+        self._stream = stream_bodies
+        self._current: tuple[int, bool, bool] | None = None  # id, response, termination
+        self._left = 0  # body bytes of the current chunk still to come
+        self._got = 0  # bytes of the current chunk received, header included
 
     @property
     def pending(self) -> int:
-        """Bytes of an incomplete chunk held back."""
-        return len(self._partial)
+        """Bytes of an incomplete chunk held back (with ``stream_bodies``: plus the body
+        bytes still expected of the chunk being streamed)."""
+        return self._got if self._current is not None else len(self._partial)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Chunk]:
-        """Decode every complete chunk."""
+        """Decode every complete chunk (with ``stream_bodies``, also the pieces of
+        incomplete ones)."""
         if not isinstance(data, bytes):
             data = bytes(data)
+        if self._stream:
+            return self._feed_streaming(data)
+        return self._feed(data)
+
+    def _feed_streaming(self, data: bytes) -> list[Chunk]:
+        out: list[Chunk] = []
+        pos = 0
+        end = len(data)
+        mv = memoryview(data)
+        while True:
+            current = self._current
+            if current is not None:
+                take = min(self._left, end - pos)
+                self._left -= take
+                self._got += take
+                cid, response, termination = current
+                if self._left:
+                    if take:
+                        out.append(Chunk(cid, response, False, mv[pos : pos + take]))
+                    return out
+                self._current = None
+                # The last piece carries the chunk's flags; an empty non-terminated one
+                # would read as a cancel, so it is left out (nothing is lost).
+                if take or termination:
+                    out.append(Chunk(cid, response, termination, mv[pos : pos + take]))
+                pos += take
+            # Whole chunks, and the header of a partial one.
+            size = self._size
+            rest = self._feed(mv[pos:]) if pos < end else []
+            out += rest
+            partial = self._partial
+            if len(partial) < size:
+                return out
+            # A chunk whose header is in: deliver what arrived of its body, stream the rest.
+            value = int.from_bytes(partial[:size], "little")
+            lbits = self.negotiated.length_bits
+            length = value >> 2 & self._length_mask
+            have = len(partial) - size
+            current = (value >> (2 + lbits), bool(value & 2), bool(value & 1))
+            if have:
+                out.append(Chunk(current[0], current[1], False, bytes(partial[size:])))
+            self._current = current
+            self._left = length - have
+            self._got = size + have
+            self._partial = bytearray()
+            self._waiting_for = 0
+            return out
+
+    def _feed(self, data: bytes | memoryview) -> list[Chunk]:
         out: list[Chunk] = []
         size = self._size
         lbits = self.negotiated.length_bits
