@@ -2,7 +2,8 @@
 # Run one atheris harness for every format, one after the other (the machine is shared:
 # nice). Usage: fuzz/run_all.sh engine|codec RUNS [OUTDIR] [reverse]
 # A format whose log already exists in OUTDIR is skipped, so a second chain started with
-# "reverse" shares the work from the other end.
+# "reverse" shares the work from the other end. MAX_TIME=<seconds> also stops each format
+# after that long (libFuzzer -max_total_time).
 # Each format's log goes to OUTDIR/<harness>-<format>.log; libFuzzer's own corpus grows in
 # OUTDIR/<harness>-<format>/ (the committed seeds in fuzz/corpus/<format> are read, not written).
 set -u
@@ -19,7 +20,7 @@ for fmt in $formats; do
     mkdir -p "$out/$harness-$fmt"
     start=$(date +%s)
     nice -n 10 "$py" "$here/fuzz_$harness.py" --format "$fmt" --seed-corpus \
-        -atheris_runs="$runs" -max_len=512 -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
+        -atheris_runs="$runs" ${MAX_TIME:+-max_total_time=$MAX_TIME} -max_len=512 -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
         -artifact_prefix="$out/crash-$harness-$fmt-" "$out/$harness-$fmt" >"$out/$harness-$fmt.log" 2>&1
     rc=$?
     end=$(date +%s)
