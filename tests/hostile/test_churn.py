@@ -23,9 +23,10 @@ import polymux
 from .peer import until
 
 
-pytestmark = pytest.mark.timeout(300)
-
 CHURN = int(os.environ.get("POLYMUX_CHURN", "20000"))
+LIMIT = max(280, CHURN // 40)  # seconds for the whole run (a loaded machine does ~500 channels/s)
+
+pytestmark = pytest.mark.timeout(LIMIT + 20)
 CONCURRENT = 100
 CHURN_GROWTH = 256 * 1024
 
@@ -56,7 +57,7 @@ async def test_channel_churn_has_flat_memory(fmt: str) -> None:
                 await writer.wait_closed()
 
             done = 0
-            async with asyncio.timeout(280):
+            async with asyncio.timeout(LIMIT):
                 while done < CHURN:
                     n = min(CONCURRENT, CHURN - done)
                     await asyncio.gather(*(one(done + k) for k in range(n)))
