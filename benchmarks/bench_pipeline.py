@@ -3,7 +3,7 @@
 Synthesises yamux captures (the raw capture file format of ``docs/tracing.md``) of 1 M,
 4 M and 16 M frames -- 64 streams sending 8-byte data frames client to server, the server
 returning the window in WindowUpdate frames, so credit is tracked on every data frame --
-in files of about 1 M frames each, one session per file. Then runs ``analyze`` on each set
+in files of 256 Ki frames each, one session per file. Then runs ``analyze`` on each set
 with one SparkSession (started once, warmed up on a small set first) and prints frames/s
 for the ingest (decode + frames table in Parquet) and the reports (reports, CSV/Parquet,
 HTML) and how the cost grows with size.
@@ -34,7 +34,7 @@ from polymux.wire import yamux
 STREAMS = 64
 PER_STREAM = 64  # data frames per stream per block
 PAYLOAD = b"abcdefgh"
-FILE_FRAMES = 1 << 20
+FILE_FRAMES = 1 << 18
 BLOCK_NS = 10_000_000  # 10 ms of capture time per block
 
 

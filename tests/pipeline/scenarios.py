@@ -84,16 +84,23 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         await writer.wait_closed()
 
 
+ROTATED = ("yamux", "mstream-v2")
+"""Formats whose test captures rotate into several files."""
+
+
 def one_way(fmt: str) -> bool:
     """omnistreams streams carry data one way only (opener to acceptor)."""
     return fmt.startswith("omnistreams")
 
 
 async def format_session(fmt: str, folder: Path) -> Expected:
-    """One session of ``fmt`` over TCP, recorded on both sides (files rotated every 32 KiB,
-    so sessions span several files): CHANNELS channels, each a request and an answer (for
-    one-way formats only the request)."""
-    recorder = CaptureRecorder(folder, rotate_bytes=32 * 1024)
+    """One session of ``fmt`` over TCP, recorded on both sides: CHANNELS channels, each a
+    request and an answer (for one-way formats only the request). yamux and mstream-v2
+    captures rotate every 32 KiB, so those sessions span several files."""
+    rotate = fmt in ROTATED
+    recorder = CaptureRecorder(
+        folder, rotate_bytes=32 * 1024 if rotate else 64 << 20, batch_bytes=8 * 1024 if rotate else 1 << 20
+    )
     received: dict[str, int] = {}
     all_in = asyncio.Event()
 

@@ -12,7 +12,7 @@ import pytest
 import polymux
 
 from .conftest import Captures
-from .scenarios import CHANNELS, HOLD
+from .scenarios import CHANNELS, HOLD, ROTATED
 
 
 if TYPE_CHECKING:
@@ -61,6 +61,9 @@ def test_every_format_exact_bytes(analyzed: Summary, captures: Captures, fmt: st
     for session in sessions:
         assert channel_pairs(traffic, session) == captures.expected.pairs[session], (fmt, session)
         assert set(traffic[traffic["session"] == session]["format"]) == {captures.expected.formats[session]}
+    if fmt in ROTATED:
+        files = list((captures.root / "formats" / fmt).glob("*.pmcap.parquet"))
+        assert len(files) > len(sessions), files  # decoded across rotated files
     row = analyzed.tables["sessions"].set_index("session").loc[sessions[0]]
     assert row["channels"] >= CHANNELS
     assert row["violations"] == 0

@@ -273,7 +273,9 @@ def ingest(
                 "path",
                 "content",
             )
-            table = table.repartition("unit").sortWithinPartitions("unit", "seq")
+            units = len({f.unit for f in chosen})
+            tasks = max(1, min(units, 2 * spark.sparkContext.defaultParallelism))
+            table = table.repartition(tasks, "unit").sortWithinPartitions("unit", "seq")
         else:
             table = raw.select(F.col("path").alias("unit"), "path", "content")
         parts.append(table.select("unit", "path", "content").mapInArrow(body, schema))

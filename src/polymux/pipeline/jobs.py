@@ -69,7 +69,10 @@ def write_reports(tables: Mapping[str, pd.DataFrame], out: str | os.PathLike[str
 def report_settings(spark: SparkSession) -> dict[str, str]:
     """SQL settings for the report queries: their shuffles carry small aggregates, so a
     few partitions (not Spark's default 200, each a task per shuffle) are enough."""
-    return {"spark.sql.shuffle.partitions": str(max(2, min(8, spark.sparkContext.defaultParallelism)))}
+    return {
+        "spark.sql.shuffle.partitions": str(max(2, min(8, spark.sparkContext.defaultParallelism))),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",  # toPandas through Arrow
+    }
 
 
 def analyze(
