@@ -27,6 +27,8 @@ MIB = 1 << 20
 KIB = 1 << 10
 LOOPS = ("asyncio", "uvloop")
 TRANSPORTS = ("tcp", "unix")
+CONNECT_RETRIES = 200
+"""Attempts of a raw unix connect that meets a full listen backlog (EAGAIN)."""
 SETUP_TIMEOUT = 60.0
 """Seconds allowed for connecting, opening channels and closing, per measurement."""
 
@@ -83,18 +85,32 @@ class Endpoint:
 
     async def open_streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A raw asyncio stream connection to this endpoint."""
-        if self.transport == "tcp":
-            return await asyncio.open_connection("127.0.0.1", int(self.address))
-        return await asyncio.open_unix_connection(str(self.address))
+        for attempt in range(CONNECT_RETRIES):
+            try:
+                if self.transport == "tcp":
+                    return await asyncio.open_connection("127.0.0.1", int(self.address))
+                return await asyncio.open_unix_connection(str(self.address))
+            except BlockingIOError:  # a unix listener's backlog is full (EAGAIN): retry
+                if attempt == CONNECT_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.01)
+        raise AssertionError("unreachable")
 
     async def create_connection(
         self, factory: Callable[[], asyncio.Protocol]
     ) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
         """A raw ``asyncio.Protocol`` connection to this endpoint."""
         loop = asyncio.get_running_loop()
-        if self.transport == "tcp":
-            return await loop.create_connection(factory, "127.0.0.1", int(self.address))
-        return await loop.create_unix_connection(factory, str(self.address))
+        for attempt in range(CONNECT_RETRIES):
+            try:
+                if self.transport == "tcp":
+                    return await loop.create_connection(factory, "127.0.0.1", int(self.address))
+                return await loop.create_unix_connection(factory, str(self.address))
+            except BlockingIOError:  # a unix listener's backlog is full (EAGAIN): retry
+                if attempt == CONNECT_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.01)
+        raise AssertionError("unreachable")
 
     async def connect(self, protocol: str, **options: Any) -> polymux.Session:
         """A polymux session to this endpoint."""

@@ -43,6 +43,8 @@ from benchmarks.common import (
 
 
 READ = 256 * 1024
+BACKLOG = 4096
+"""Listen backlog of the raw servers (256 raw connections are opened back to back)."""
 
 
 async def _count_to_eof(reader: asyncio.StreamReader) -> int:
@@ -149,13 +151,13 @@ def _child(loop_name: str, transport: str, formats: list[str], conn: Connection)
                 return os.path.join(tmp, name.replace("/", "_") + ".sock")
 
             if transport == "tcp":
-                s = await asyncio.start_server(handle_stream, "127.0.0.1", 0)
-                p = await loop.create_server(CountingProtocol, "127.0.0.1", 0)
+                s = await asyncio.start_server(handle_stream, "127.0.0.1", 0, backlog=BACKLOG)
+                p = await loop.create_server(CountingProtocol, "127.0.0.1", 0, backlog=BACKLOG)
                 endpoints[RAW_STREAMS] = Endpoint("tcp", s.sockets[0].getsockname()[1])
                 endpoints[RAW_PROTOCOL] = Endpoint("tcp", p.sockets[0].getsockname()[1])
             else:
-                s = await asyncio.start_unix_server(handle_stream, unix_path(RAW_STREAMS))
-                p = await loop.create_unix_server(CountingProtocol, unix_path(RAW_PROTOCOL))
+                s = await asyncio.start_unix_server(handle_stream, unix_path(RAW_STREAMS), backlog=BACKLOG)
+                p = await loop.create_unix_server(CountingProtocol, unix_path(RAW_PROTOCOL), backlog=BACKLOG)
                 endpoints[RAW_STREAMS] = Endpoint("unix", unix_path(RAW_STREAMS))
                 endpoints[RAW_PROTOCOL] = Endpoint("unix", unix_path(RAW_PROTOCOL))
             servers += [s, p]

@@ -88,7 +88,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
                 lines.append(
                     f"| {r.loop} | {r.transport} | {r.case} | {r.stack} | {_fmt(e.get('tracemalloc_per_ch'))} "
                     f"| {_fmt(e.get('rss_per_ch'))} | {_fmt(e.get('peer_rss_per_ch'))} "
-                    f"| {_fmt(e.get('open_s'))} | {'; '.join(r.errors)[:120]} |"
+                    f"| {_fmt(e.get('open_s'))} | {'; '.join([*r.errors, e.get('limit', '')]).strip('; ')[:120]} |"
                 )
             lines.append("")
             continue

@@ -583,6 +583,12 @@ async def scale(peer: Peer, fmt: str, count: int, loop: str, transport: str, pro
                 f"opened in {extra['open_s']:.1f} s",
                 flush=True,
             )
+    except polymux.LimitExceeded as exc:
+        # The format cannot hold this many channels (e.g. 256 omnistreams ids): not a failure.
+        extra["limit"] = f"format limit: {exc}"
+        row.extra = extra
+        if progress:
+            print(f"  [{loop}/{transport}] scale {fmt} {count:,} ch: {extra['limit']}", flush=True)
     except (TimeoutError, BenchError, polymux.PolymuxError, OSError) as exc:
         row.errors.append(f"{type(exc).__name__}: {exc}")
         row.extra = extra
