@@ -1,4 +1,4 @@
-"""Sampling profiles of the hot paths with py-spy: ``python -m benchmarks.profile``.
+"""Sampling profiles of the hot paths with py-spy: ``python -m benchmarks.profiling``.
 
 Runs one scenario (bulk on 1 channel, or 64-byte messages) in a loop for ``--seconds``
 against a receiving process (:mod:`benchmarks.peer`), while ``py-spy record`` samples the
@@ -8,7 +8,7 @@ most samples on top of the stack (self time) and the most samples anywhere on th
 speedscope) in ``--out``.
 
     .venv/bin/pip install py-spy
-    .venv/bin/python -m benchmarks.profile --format mstream-v3 --scenario bulk --side both
+    .venv/bin/python -m benchmarks.profiling --format mstream-v3 --scenario bulk --side both
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def _record(pid: int, seconds: float, out: Path, native: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Profile one scenario; print the top functions."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profiling", description=__doc__.splitlines()[0])
     p.add_argument("--format", default="mstream-v3", choices=[*polymux.PROTOCOLS, RAW_STREAMS])
     p.add_argument("--scenario", default="bulk", choices=["bulk", "messages"])
     p.add_argument("--side", default="both", choices=["receiver", "sender", "both"])
