@@ -191,7 +191,10 @@ async def main() -> None:
     for fmt in args.format or pf.FORMATS:
         for k, sizes in enumerate([(40, 700, 10), (3000, 9000, 0)]):
             client, server = await record_pair(fmt, sizes)
-            _write(fmt, f"server-{k}.bin", pf.control_byte(is_client=False), server)
+            # omnistreams data may only follow the reader's grant, which the replaying engine
+            # gives when it sees the create: feed those sessions byte by byte.
+            whole = 1 if fmt.startswith("omnistreams") else 0
+            _write(fmt, f"server-{k}.bin", pf.control_byte(is_client=False, chunk=whole), server)
             _write(fmt, f"client-{k}.bin", pf.control_byte(is_client=True, opens=OPENS), client)
             # The same bytes fed in small pieces (the decoders' straddling paths).
             _write(fmt, f"server-{k}-pieces.bin", pf.control_byte(is_client=False, chunk=7), server[:4096])
