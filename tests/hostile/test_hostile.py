@@ -476,3 +476,40 @@ async def test_peer_that_never_answers_pings(fmt: str, served: Callable[..., Awa
     finally:
         never.set()
         peer.close()
+
+
+async def test_keepalive_spares_a_peer_that_keeps_sending(served: Callable[..., Awaitable[Served]]) -> None:
+    """A peer whose ping answers are late but which keeps sending is alive (its answer can
+    sit behind 100,000 channel opens): keepalive fails only after a whole
+    keepalive_timeout in which nothing arrived."""
+    got = 0
+
+    async def count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal got
+        with contextlib.suppress(ConnectionError, polymux.PolymuxError):
+            while data := await reader.read(65536):
+                got += len(data)
+
+    s = await served(
+        count, protocol="yamux", keepalive_interval=0.1, keepalive_timeout=0.2, idle_timeout=None
+    )
+    peer = await HostilePeer.connect(s.server.port, "yamux")  # type: ignore[union-attr]
+    try:
+        await peer.handshake()
+        handle = peer.engine.open_channel("busy")
+        await peer.send()
+        await until(lambda: bool(s.server.sessions))  # type: ignore[union-attr]
+        (session,) = s.server.sessions  # type: ignore[union-attr]
+        # Ten keepalive periods of data every 50 ms and never a ping answer: still open.
+        for _ in range(20):
+            peer.engine.send_data(handle, b"x")
+            await peer.send()
+            await asyncio.sleep(0.05)  # the peer's pace, not synchronisation
+        await until(lambda: got == 20)
+        assert not session.is_closed, session.exception
+        # Silent from now on: closed within interval + timeout (+ scheduling slack).
+        async with asyncio.timeout(5):
+            await session.wait_closed()
+        assert "keepalive" in str(session.exception)
+    finally:
+        peer.close()

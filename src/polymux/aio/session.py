@@ -229,13 +229,21 @@ class MuxProtocol(asyncio.Protocol):
             while self._transport is not None:
                 await asyncio.sleep(interval)
                 fut = self._send_ping()
-                try:
-                    await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
-                except TimeoutError:
+                timeout = self.config.keepalive_timeout
+                while True:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(fut), timeout)
+                        break
+                    except TimeoutError:
+                        # A peer still sending is alive: its answer may be queued behind
+                        # what it sends (100,000 channel opens, a busy loop). Fail only
+                        # after a whole keepalive_timeout of silence.
+                        if self._transport is not None and self.loop.time() - self._last_activity < timeout:
+                            continue
                     self._forget_pings(fut)
                     err = SessionClosed(
-                        f"{self.engine.format}: keepalive failed: no answer to a ping within "
-                        f"{self.config.keepalive_timeout:g} s"
+                        f"{self.engine.format}: keepalive failed: no answer to a ping, and nothing "
+                        f"received for {timeout:g} s"
                     )
                     logger.warning("%s", err)
                     self._abort(err)
