@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gc
 import tracemalloc
 
@@ -59,3 +60,11 @@ def test_engine_runs_leave_nothing_behind(fmt: str) -> None:
     finally:
         tracemalloc.stop()
     assert second - first < 32 * 1024, f"{fmt}: {second - first} bytes kept by 15 more bursts"
+
+
+def test_peer_leaving_fewer_ids_than_we_open() -> None:
+    """atheris, streamux (harness finding): a peer that negotiates 1-bit request ids
+    leaves 2 ids; opening a third is the documented local limit (``RuntimeError`` from the
+    engine, ``LimitExceeded`` from the session), not a crash of the harness."""
+    data = base64.b64decode("BQER0Gs25w==")
+    pf.drive_engine("streamux", data)
