@@ -168,6 +168,8 @@ class ChannelTransport(asyncio.Transport):
     __slots__ = (
         "__dict__",
         "_accepted",
+        "_ack_pending",
+        "_ack_scheduled",
         "_backlog",
         "_backlog_size",
         "_buf",
@@ -227,6 +229,8 @@ class ChannelTransport(asyncio.Transport):
         self._read_closed = False
         self._done = False  # connection_lost delivered
         self._unconsumed = 0  # received for the reader (buffer + backlog), not yet consumed
+        self._ack_pending = 0  # consumed, credit not yet handed to the engine (this iteration)
+        self._ack_scheduled = False
         # Received data the reader does not hold yet. A StreamReader's buffer is a
         # bytearray: appending to it after reads from its front moves everything it
         # holds, so it is kept small (its own pause size, 2 x limit, and at least one
@@ -544,9 +548,20 @@ class ChannelTransport(asyncio.Transport):
         consumed = self._unconsumed - held
         if consumed > 0:
             self._unconsumed = held
-            self._mux._ack(self._handle, consumed)
+            # Batched: one engine call per loop iteration, not per read (a reader of
+            # 64-byte messages reads twice per message, thousands per iteration).
+            self._ack_pending += consumed
+            if not self._ack_scheduled:
+                self._ack_scheduled = True
+                self._mux.loop.call_soon(self._send_acks)
             if self._reading_paused and held <= self._mux.config.receive_window // 2:
                 self._set_reading_paused(False)
+
+    def _send_acks(self) -> None:
+        self._ack_scheduled = False
+        n, self._ack_pending = self._ack_pending, 0
+        if n and not self._done:
+            self._mux._ack(self._handle, n)
 
     def _read_backlog(self, n: int) -> bytes:
         """``read(n)`` served from the backlog (the reader's buffer is empty): a received
