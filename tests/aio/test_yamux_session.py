@@ -287,6 +287,51 @@ async def test_window_grows_for_a_fast_reader_up_to_max_receive_window(
 
 
 @pytest.mark.timeout(60)
+def test_rtt_and_window_growth_under_uvloop() -> None:
+    """uvloop's ``loop.time()`` has millisecond resolution: the engines' clock must not be it,
+    or a loopback RTT measures 0 and the window never grows (a 256 KiB window halved yamux's
+    bulk throughput)."""
+    import uvloop  # the dev extra has it
+
+    sizes: list[int] = []
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        transport = writer.transport
+        assert isinstance(transport, ChannelTransport)
+        n = 0
+        while data := await reader.read(256 * KiB):
+            n += len(data)
+        recv = transport._mux.engine._channels[transport.handle].recv
+        assert recv is not None
+        sizes.append(recv.window)
+        writer.write(str(n).encode())
+        writer.close()
+
+    async def main() -> None:
+        server = await polymux.start_server(sink, "127.0.0.1", 0, protocol="yamux")
+        try:
+            async with await polymux.connect("127.0.0.1", server.port, protocol="yamux") as session:
+                await until(lambda: session.rtt is not None)
+                rtts = [session.rtt, await session.ping(), await session.ping()]
+                # Sub-millisecond figures: a millisecond clock gives 0.0 or 0.001 exactly.
+                assert all(r is not None and r > 0 and r * 1000 % 1 != 0 for r in rtts), rtts
+                reader, writer = await session.open_channel()
+                chunk = bytes(64 * KiB)
+                for _ in range(512):  # 32 MiB
+                    writer.write(chunk)
+                    await writer.drain()
+                writer.write_eof()
+                assert await reader.read() == str(32 * MiB).encode()
+                writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    uvloop.run(asyncio.wait_for(main(), 50))
+    assert sizes and sizes[0] > WINDOW, sizes  # the reader kept up: the window grew
+
+
+@pytest.mark.timeout(60)
 async def test_window_stays_at_256k_for_a_slow_reader(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader takes one small piece each time the test opens its gate; the test opens it
     only once more than 4 RTTs have passed since the reader last returned credit, so the

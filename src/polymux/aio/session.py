@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
@@ -39,6 +40,10 @@ from polymux.exceptions import (
 
 
 __all__ = ["ChannelHandler", "MuxProtocol", "OfferFilter", "Session"]
+
+_clock = time.monotonic
+"""The engines' clock (RTT, window tuning). Not ``loop.time()``: uvloop's has millisecond
+resolution, which measured a loopback RTT as 0 and kept yamux windows from ever growing."""
 
 logger = logging.getLogger("polymux")
 
@@ -191,7 +196,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def _send_ping(self) -> asyncio.Future[float]:
         engine = self.engine
-        engine.now = self.loop.time()
+        engine.now = _clock()
         opaque = engine.ping()
         fut: asyncio.Future[float] = self.loop.create_future()
         self._pings[opaque] = (fut, engine.now)
@@ -256,7 +261,8 @@ class MuxProtocol(asyncio.Protocol):
             return
         if self._capture is not None:
             self._capture.received(data)
-        self.engine.now = self._last_activity = self.loop.time()
+        self._last_activity = self.loop.time()
+        self.engine.now = _clock()
         try:
             events = self.engine.receive_data(data)
         except ProtocolError as exc:
@@ -420,7 +426,7 @@ class MuxProtocol(asyncio.Protocol):
         elif isinstance(event, ev.PingAcked):
             entry = self._pings.pop(event.opaque, None)
             if entry is not None and not entry[0].done():
-                entry[0].set_result(self.loop.time() - entry[1])
+                entry[0].set_result(_clock() - entry[1])
         elif isinstance(event, ControlReceived):
             self._on_control(event.data)
 
@@ -611,7 +617,7 @@ class MuxProtocol(asyncio.Protocol):
         if self.engine.closed:
             return
         engine = self.engine
-        engine.now = self.loop.time()
+        engine.now = _clock()
         engine.ack_consumed(handle, n)
         if engine.has_output:  # most reads return credit below the batching threshold
             self._schedule_flush()
