@@ -40,6 +40,25 @@ MODE_CHURN = b"C"  # read until EOF, reply b"\x01"
 MODE_IDLE = b"I"  # read until EOF (idle channels)
 MODE_SLOW = b"S"  # arg = microseconds to sleep after each 64 KiB read; reply b"\x01" at EOF
 
+def cpu_pair() -> tuple[int, int] | None:
+    """Two CPUs, for the sending and the receiving process, or None where this process
+    cannot pin itself (no ``sched_setaffinity``, or fewer than two CPUs allowed).
+
+    Unpinned, the scheduler often put both processes of a bulk run on one core of this
+    2-vCPU machine (their CPU shares summed to 100 %), and a row swung by 2x between runs.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[0], cpus[-1]) if len(cpus) >= 2 else None
+
+
+def pin(cpu: int | None) -> None:
+    """Pin the calling process to ``cpu`` (None: leave it where it is)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
 RAW_STREAMS = "raw-streams"
 """Baseline: asyncio.open_connection / start_server on the same kind of socket."""
 RAW_PROTOCOL = "raw-protocol"

@@ -13,7 +13,9 @@ The time is taken inside the Node sender, from opening the stream to the receive
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -47,8 +49,10 @@ async def _lines(proc: asyncio.subprocess.Process) -> list[str]:
     return out.decode(errors="replace").splitlines()
 
 
-async def node_bulk(fmt: str, size: int, time_limit: float) -> float:
-    """One Node-to-Node transfer of ``size`` bytes in format ``fmt``; MiB/s."""
+async def node_bulk(fmt: str, size: int, time_limit: float, cpus: tuple[int, int] | None = None) -> float:
+    """One Node-to-Node transfer of ``size`` bytes in format ``fmt``; MiB/s. With ``cpus``
+    the driver runs on the first and the listener on the second, as polymux's sender and
+    receiver do."""
     timeout_ms = str(int((time_limit + SETUP_TIMEOUT) * 1000))
     if fmt.startswith("mstream-v"):
         version = fmt[-1]
@@ -58,7 +62,10 @@ async def node_bulk(fmt: str, size: int, time_limit: float) -> float:
         base = ["node", str(PEER_DIR / script), *extra]
         listen_cmd = [*base, "--listen", "--tcp", "0", "--mode", "responder", "--timeout-ms", timeout_ms]
     listener = await asyncio.create_subprocess_exec(
-        *listen_cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        *listen_cmd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, {cpus[1]}),
     )
     driver: asyncio.subprocess.Process | None = None
     try:
@@ -79,7 +86,8 @@ async def node_bulk(fmt: str, size: int, time_limit: float) -> float:
                 "--big", str(size), "--timeout-ms", timeout_ms,
             ]  # fmt: skip
         driver = await asyncio.create_subprocess_exec(
-            *drive_cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+            *drive_cmd,
+            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, {cpus[0]}), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
         )
         async with asyncio.timeout(time_limit + SETUP_TIMEOUT):
             lines = await _lines(driver)

@@ -37,6 +37,7 @@ from benchmarks.common import (
     Endpoint,
     loop_factory,
     peak_rss_bytes,
+    pin,
     reset_peak_rss,
     rss_bytes,
 )
@@ -139,7 +140,9 @@ def profile_text(profiler: cProfile.Profile, top: int) -> str:
     return out.getvalue()
 
 
-def _child(loop_name: str, transport: str, formats: list[str], conn: Connection) -> None:
+def _child(loop_name: str, transport: str, formats: list[str], conn: Connection, cpu: int | None) -> None:
+    pin(cpu)
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         profiler = cProfile.Profile(time.process_time)
@@ -202,10 +205,12 @@ def _child(loop_name: str, transport: str, formats: list[str], conn: Connection)
 class Peer:
     """Handle on the receiving child process (start with :meth:`start`, end with :meth:`stop`)."""
 
-    def __init__(self, loop_name: str, transport: str, formats: list[str]) -> None:
+    def __init__(self, loop_name: str, transport: str, formats: list[str], cpu: int | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(loop_name, transport, formats, child_conn), daemon=True)
+        self._proc = ctx.Process(
+            target=_child, args=(loop_name, transport, formats, child_conn, cpu), daemon=True
+        )
         self.endpoints: dict[str, Endpoint] = {}
 
     def start(self) -> Peer:

@@ -57,6 +57,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         f"- machine: {meta['machine']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
         f"- mode: {meta['mode']}; figures are medians of {meta['repeat']} interleaved repeats (A/B/A/B)",
+        f"- pinned: {meta.get('pinned', 'no')}",
         (
             "- sender (and the opening side) in this process, receiver in a child process "
             "(benchmarks/peer.py) with the same event loop; `benchmarks/bench_bulk.py --receiver inline` "

@@ -29,8 +29,10 @@ from benchmarks.common import (
     TRANSPORTS,
     Job,
     Row,
+    cpu_pair,
     interleave,
     loop_factory,
+    pin,
 )
 from benchmarks.node_ref import NODE_FORMATS, node_available, node_bulk
 from benchmarks.peer import Peer
@@ -116,6 +118,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-counts", type=_ints, help="idle channel counts (quick 1000, full 10000,100000)")
     p.add_argument("--slow-mib", type=int, help="MiB sent into the slow reader (quick 4, full 64)")
     p.add_argument("--no-node", action="store_true", help="no Node reference rows even if node is present")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the sending and receiving processes where the scheduler puts them "
+        "(default: each pinned to a CPU of its own)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
@@ -189,7 +197,9 @@ async def run_combo(
                         extra={"channels": 1, "note": "Node to Node, npm reference package"},
                         x=1,
                     )
-                    jobs.append(Job(r, lambda fmt=fmt: node_bulk(fmt, len(payload), b.time_limit)))
+                    jobs.append(
+                        Job(r, lambda fmt=fmt: node_bulk(fmt, len(payload), b.time_limit, args.cpus))
+                    )
     if "messages" in want:
         jobs += sc.message_jobs(peer, loop, transport, fmts, list(b.message_sizes), b.messages)
     if "rr" in want:
@@ -254,14 +264,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"polymux benchmarks ({meta['mode']}): {meta['machine']}; {meta['versions']}", flush=True)
     rows: list[Row] = []
     started = time.perf_counter()
+    args.cpus = None if args.no_pin else cpu_pair()
+    meta["pinned"] = (
+        f"sender on CPU {args.cpus[0]}, receiver on CPU {args.cpus[1]}" if args.cpus else "no (--no-pin)"
+    )
+    allowed = os.sched_getaffinity(0) if args.cpus else set()
     with tempfile.TemporaryDirectory(prefix="polymux-bench-out-") as tmp:
         for loop in args.loops:
             for transport in args.transports:
-                peer = Peer(loop, transport, args.formats).start()
+                peer = Peer(loop, transport, args.formats, args.cpus[1] if args.cpus else None).start()
                 try:
+                    pin(args.cpus[0] if args.cpus else None)
                     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
                         rows += runner.run(run_combo(peer, loop, transport, args, b, tmp))
                 finally:
+                    if allowed:
+                        os.sched_setaffinity(0, allowed)
                     peer.stop()
     meta["seconds"] = round(time.perf_counter() - started, 1)
     (out / "results.md").write_text(report.markdown(rows, meta))

@@ -43,7 +43,11 @@ _VALUE_OPTIONS = {
     "--scale-counts": "idle channel counts, e.g. 10000,100000",
     "--slow-mib": "MiB sent into the slow reader",
 }
-_FLAGS = {"--no-node": "no Node reference rows", "--quiet": "no progress lines"}
+_FLAGS = {
+    "--no-node": "no Node reference rows",
+    "--no-pin": "do not pin the sending and receiving processes to CPUs of their own",
+    "--quiet": "no progress lines",
+}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
