@@ -40,6 +40,7 @@ MODE_CHURN = b"C"  # read until EOF, reply b"\x01"
 MODE_IDLE = b"I"  # read until EOF (idle channels)
 MODE_SLOW = b"S"  # arg = microseconds to sleep after each 64 KiB read; reply b"\x01" at EOF
 
+
 def cpu_pair() -> tuple[int, int] | None:
     """Two CPUs, for the sending and the receiving process, or None where this process
     cannot pin itself (no ``sched_setaffinity``, or fewer than two CPUs allowed).

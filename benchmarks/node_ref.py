@@ -87,7 +87,9 @@ async def node_bulk(fmt: str, size: int, time_limit: float, cpus: tuple[int, int
             ]  # fmt: skip
         driver = await asyncio.create_subprocess_exec(
             *drive_cmd,
-            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, {cpus[0]}), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, {cpus[0]}),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
         )
         async with asyncio.timeout(time_limit + SETUP_TIMEOUT):
             lines = await _lines(driver)

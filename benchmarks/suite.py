@@ -197,9 +197,7 @@ async def run_combo(
                         extra={"channels": 1, "note": "Node to Node, npm reference package"},
                         x=1,
                     )
-                    jobs.append(
-                        Job(r, lambda fmt=fmt: node_bulk(fmt, len(payload), b.time_limit, args.cpus))
-                    )
+                    jobs.append(Job(r, lambda fmt=fmt: node_bulk(fmt, len(payload), b.time_limit, args.cpus)))
     if "messages" in want:
         jobs += sc.message_jobs(peer, loop, transport, fmts, list(b.message_sizes), b.messages)
     if "rr" in want:

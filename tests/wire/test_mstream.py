@@ -737,3 +737,19 @@ def test_arbitrary_bytes_never_crash(version: int, handshake: bool, chunks: list
                     assert isinstance(item, Frame | Handshake)
         except ProtocolError as exc:
             assert exc.format == f"mstream-v{version}"
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("cid", [0, 1, 127, 128, 255, 256, 4097, 65535, 65536, 2**32])
+@pytest.mark.parametrize("size", [1, 255, 256, MAX_PAYLOAD])
+def test_content_frames_of_every_id_width(version: int, cid: int, size: int) -> None:
+    """Content frames of channel ids in every msgpack width (fixint, uint8, uint16 take the
+    decoder's inline path; wider ones the general parser) and bin8 / bin16 payloads decode
+    the same, whole, after another frame, and byte by byte."""
+    source = 1 if version == 3 else None
+    frames = [Frame(2, 5, b"x", source), Frame(2, cid, bytes([cid % 251]) * size, source)]
+    encoded = b"".join(msgpack.packb(envelope(version, f), use_bin_type=True) for f in frames)
+    assert encoded == b"".join(encode_frame(version, f) for f in frames)
+    assert norm(Decoder(version, handshake=False).feed(encoded)) == frames
+    dec = Decoder(version, handshake=False)
+    assert norm([item for i in range(len(encoded)) for item in dec.feed(encoded[i : i + 1])]) == frames

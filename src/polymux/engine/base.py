@@ -174,18 +174,28 @@ class Engine(ABC):
             )
         return record
 
-    def _queue_frames(self, data: BytesLike, header: Callable[[int], bytes]) -> None:
+    def _queue_frames(self, record: ChannelRecord, data: BytesLike, header: Callable[[int], bytes]) -> None:
         """Queue ``data`` as frames of at most :attr:`max_frame` bytes: ``header(size)``,
-        then a view of the payload (no copy). Full frames share one header."""
+        then a view of the payload (no copy). The header of a full frame is encoded once
+        per channel (``record.full_header``): only the data frames of a channel use this."""
         out = self._out
         n = len(data)
         step = self.max_frame
-        if n <= step:
+        if n < step:
             out.append(header(n))
             out.append(data)
             return
+        cached = record.full_header
+        if cached is not None and cached[0] == step:
+            full = cached[1]
+        else:  # first full frame (or the frame size changed: Streamux negotiates it)
+            full = header(step)
+            record.full_header = (step, full)
+        if n == step:
+            out.append(full)
+            out.append(data)
+            return
         view = memoryview(data)
-        full = header(step)
         last = n - n % step
         for off in range(0, last, step):
             out.append(full)

@@ -48,6 +48,9 @@ class ChannelRecord:
     """The peer sent its end-of-writing."""
     remote_stopped_reading: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    full_header: tuple[int, bytes] | None = None
+    """``(size, header)`` of a data frame of the engine's full frame size on this channel
+    (bulk writes send it again and again: encoded once, kept by ``Engine._queue_frames``)."""
 
     @property
     def state(self) -> ChannelState:

@@ -206,7 +206,7 @@ class MplexEngine(Engine):
         record = self._writable(channel)
         if data:
             sid, flag = record.wire_id, self._flags(record)[0]
-            self._queue_frames(data, lambda size: wire.encode_header(sid, flag, size))
+            self._queue_frames(record, data, lambda size: wire.encode_header(sid, flag, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (Close flag); the stream is gone once the peer closed too."""

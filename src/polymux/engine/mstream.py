@@ -360,7 +360,7 @@ class MStreamEngine(Engine):
         record = self._writable(channel)
         record.send.consume(len(data))
         if data:
-            self._queue_frames(data, lambda size: self._header(C.CONTENT, record, size))
+            self._queue_frames(record, data, lambda size: self._header(C.CONTENT, record, size))
 
     def end_channel(self, channel: int) -> bool:
         """Send ContentWritingCompleted; terminate the channel if the peer ended too."""

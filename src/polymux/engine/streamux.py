@@ -240,7 +240,7 @@ class StreamuxEngine(Engine):
             n = self.negotiated
             assert n is not None
             cid, response = record.wire_id, not record.local_origin
-            self._queue_frames(data, lambda size: wire.encode_header(n, cid, size, response, False))
+            self._queue_frames(record, data, lambda size: wire.encode_header(n, cid, size, response, False))
 
     def end_channel(self, channel: int) -> bool:
         """Terminate our message (an empty termination chunk)."""

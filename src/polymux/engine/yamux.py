@@ -239,7 +239,7 @@ class YamuxEngine(Engine):
         record.send.consume(len(data))
         if data:
             sid = record.wire_id
-            self._queue_frames(data, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
+            self._queue_frames(record, data, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""

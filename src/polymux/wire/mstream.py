@@ -425,16 +425,38 @@ class Decoder:
                     pos = stop
                     continue
                 # fall through: _header raises the precise error
-            elif end - pos >= 8 and data[pos] == marker:
+            elif end - pos >= 8 and data[pos] == marker and data[pos + 1] < 0x80:
+                # code a fixint; channel id a fixint, uint8 or uint16 (256+ channels)
                 code = data[pos + 1]
                 cid = data[pos + 2]
-                at = pos + 4 if v3 else pos + 3
-                if code < 0x80 and cid < 0x80 and data[at] == 0xC5:
-                    source = _FIXINT_SOURCE.get(data[pos + 3], _BAD) if v3 else None
-                    length = (data[at + 1] << 8) | data[at + 2]
-                    stop = at + 3 + length
-                    if source != _BAD and length <= MAX_PAYLOAD and stop <= end:
-                        append(Frame(code, cid, mv[at + 3 : stop], source))
+                at = pos + 3
+                if cid >= 0x80:
+                    if cid == 0xCC:
+                        cid = data[at]
+                        at += 1
+                    elif cid == 0xCD and at + 2 <= end:
+                        cid = (data[at] << 8) | data[at + 1]
+                        at += 2
+                    else:
+                        cid = -1
+                if v3 and at < end:
+                    source = _FIXINT_SOURCE.get(data[at], _BAD)
+                    at += 1
+                else:
+                    source = None if not v3 else _BAD
+                if cid >= 0 and source != _BAD and at + 3 <= end:
+                    kind = data[at]
+                    if kind == 0xC5:
+                        length = (data[at + 1] << 8) | data[at + 2]
+                        at += 3
+                    elif kind == 0xC4:
+                        length = data[at + 1]
+                        at += 2
+                    else:
+                        length = MAX_PAYLOAD + 1
+                    stop = at + length
+                    if length <= MAX_PAYLOAD and stop <= end:
+                        append(Frame(code, cid, mv[at:stop], source))
                         pos = stop
                         continue
             try:
