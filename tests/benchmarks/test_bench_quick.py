@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,11 @@ def test_quick_suite_writes_markdown_json_and_plots(tmp_path: Path) -> None:
     ):
         assert heading in md
     assert "| asyncio | tcp | 1 ch | mplex |" in md
+    # Sender and receiver on CPUs of their own where the machine has two (CI has).
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) >= 2:
+        assert f"- pinned: sender on CPU {cpus[0]}, receiver on CPU {cpus[-1]}" in md
+        assert data["meta"]["pinned"].startswith("sender on CPU")
     assert "| asyncio | tcp | 64 B x 1 ch | mstream-v3 |" in md
 
     for stem in ("bulk_vs_channels", "messages_vs_size", "rr_vs_channels"):
