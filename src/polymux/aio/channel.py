@@ -553,7 +553,7 @@ class ChannelTransport(asyncio.Transport):
             self._ack_pending += consumed
             if not self._ack_scheduled:
                 self._ack_scheduled = True
-                self._mux.loop.call_soon(self._send_acks)
+                self._mux._ack_later(self)
             if self._reading_paused and held <= self._mux.config.receive_window // 2:
                 self._set_reading_paused(False)
 

@@ -86,6 +86,7 @@ class MuxProtocol(asyncio.Protocol):
         self._incoming: deque[tuple[str, StreamPair]] = deque()
         self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
         self._ready_queue: deque[ChannelTransport] = deque()
+        self._acks_due: list[ChannelTransport] = []  # channels whose consumed bytes await credit
         self._flush_pending = False
         self._write_paused = False
         self._read_pausers = 0
@@ -612,6 +613,20 @@ class MuxProtocol(asyncio.Protocol):
         if self.engine.is_live(channel._handle) and not self.engine.closed:
             self.engine.reset_channel(channel._handle, message)
             self._schedule_flush()
+
+    def _ack_later(self, channel: ChannelTransport) -> None:
+        """``channel`` has consumed bytes to credit: its ``_send_acks`` runs once the loop's
+        current callbacks are done, together with every other channel's (one callback per
+        iteration for the session, not one per channel: 256 busy readers made 256)."""
+        acks = self._acks_due
+        acks.append(channel)
+        if len(acks) == 1:
+            self.loop.call_soon(self._send_acks)
+
+    def _send_acks(self) -> None:
+        acks, self._acks_due = self._acks_due, []
+        for channel in acks:
+            channel._send_acks()
 
     def _ack(self, handle: int, n: int) -> None:
         if self.engine.closed:
