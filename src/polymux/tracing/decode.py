@@ -175,6 +175,23 @@ class _YamuxTracker(_Tracker):
 
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         type_, flags, sid, length = item.type, item.flags, item.stream_id, item.length
+        if type_ == 0 and not flags and length and not self.decoder.one_way:
+            # The bulk of any capture: plain data, one record (the general path below gives
+            # the same record, through more steps).
+            credit = self.credit.get((sid, direction)) or self._credit(sid, direction)
+            credit.in_flight += length
+            left = credit.window - credit.in_flight
+            if left < 0:
+                raise _Violation(
+                    f"{self.fmt}: stream {sid} overran its send window: {length} bytes with {left + length} left"
+                )
+            dec = self.decoder
+            return [
+                FrameRecord(
+                    dec.session, direction, time_ns, self.fmt, offset, str(sid), "data", length, 0,
+                    left, direction, None, None,
+                )
+            ]  # fmt: skip
         rec = self.rec
         if type_ == 2:  # ping
             kind = "pong" if flags & 2 else "ping"
@@ -794,10 +811,16 @@ class FrameDecoder:
             d.tail += data
         d.boundary = consumed
         offset = start
-        for item, n in zip(items, sizes, strict=True):
-            if not self._emit(d, item, offset, time_ns):
-                return
-            offset += n
+        out = self._out
+        records = self._tracker.records
+        name = d.name
+        try:
+            for item, n in zip(items, sizes, strict=True):
+                out.extend(records(name, item, offset, time_ns))
+                offset += n  # past this frame only once its records are in
+        except _Violation as exc:
+            out.extend(exc.records)
+            self._violation(d, offset, time_ns, str(exc))
 
     def _emit(self, d: _Direction, item: Any, offset: int, time_ns: int) -> bool:
         try:
