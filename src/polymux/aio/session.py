@@ -795,9 +795,9 @@ class MuxProtocol(asyncio.Protocol):
             credit = engine.send_credit(handle)
             if credit <= 0:
                 return 0
-            chunk = channel._take(min(quantum, credit, channel._buffered))
-            engine.send_data(handle, chunk)
-            return len(chunk)
+            n = min(quantum, credit, channel._buffered)
+            engine.send_data(handle, *channel._take(n))
+            return n
         if channel._eof_requested and not channel._eof_sent and engine.is_live(handle):
             channel._eof_sent = True
             closed = engine.end_channel(handle)

@@ -24,7 +24,12 @@ from polymux.engine.events import DataReceived, Event
 from polymux.exceptions import ProtocolError
 
 
-__all__ = ["DataRuns", "Engine"]
+__all__ = ["DataRuns", "Engine", "run_size"]
+
+
+def run_size(data: BytesLike, more: tuple[BytesLike, ...]) -> int:
+    """Bytes in ``data`` followed by ``more`` (``send_data``'s parts)."""
+    return len(data) + sum(map(len, more)) if more else len(data)
 
 
 class DataRuns:
@@ -174,16 +179,26 @@ class Engine(ABC):
             )
         return record
 
-    def _queue_frames(self, record: ChannelRecord, data: BytesLike, header: Callable[[int], bytes]) -> None:
-        """Queue ``data`` as frames of at most :attr:`max_frame` bytes: ``header(size)``,
-        then a view of the payload (no copy). The header of a full frame is encoded once
-        per channel (``record.full_header``): only the data frames of a channel use this."""
+    def _queue_frames(
+        self,
+        record: ChannelRecord,
+        data: BytesLike,
+        more: tuple[BytesLike, ...],
+        header: Callable[[int], bytes],
+    ) -> None:
+        """Queue ``data`` followed by ``more`` as one run of frames of at most
+        :attr:`max_frame` bytes: ``header(size)``, then views of the payload (no copy; a
+        frame may span parts). The header of a full frame is encoded once per channel
+        (``record.full_header``): only the data frames of a channel use this."""
         out = self._out
-        n = len(data)
         step = self.max_frame
-        if n < step:
-            out.append(header(n))
+        n = len(data)
+        total = n + sum(map(len, more)) if more else n
+        if total < step:  # one frame (every turn of a channel among many)
+            out.append(header(total))
             out.append(data)
+            if more:
+                out.extend(more)
             return
         cached = record.full_header
         if cached is not None and cached[0] == step:
@@ -191,24 +206,43 @@ class Engine(ABC):
         else:  # first full frame (or the frame size changed: Streamux negotiates it)
             full = header(step)
             record.full_header = (step, full)
-        if n == step:
+        if total == step:
             out.append(full)
             out.append(data)
+            if more:
+                out.extend(more)
             return
-        view = memoryview(data)
-        last = n - n % step
-        for off in range(0, last, step):
-            out.append(full)
-            out.append(view[off : off + step])
-        if last < n:
-            out.append(header(n - last))
-            out.append(view[last:])
+        if not more:
+            view = memoryview(data)
+            last = n - n % step
+            for off in range(0, last, step):
+                out.append(full)
+                out.append(view[off : off + step])
+            if last < n:
+                out.append(header(n - last))
+                out.append(view[last:])
+            return
+        remaining = total
+        room = 0  # bytes the current frame still takes
+        for part in (data, *more):
+            size = len(part)
+            pos = 0
+            while pos < size:
+                if not room:
+                    room = min(step, remaining)
+                    remaining -= room
+                    out.append(full if room == step else header(room))
+                k = min(room, size - pos)
+                out.append(part if k == size else memoryview(part)[pos : pos + k])
+                pos += k
+                room -= k
 
     @abstractmethod
-    def send_data(self, channel: int, data: BytesLike) -> None:
-        """Queue ``data`` as data frames of at most ``max_frame`` bytes. ``len(data)`` must
-        not exceed :meth:`send_credit`; the I/O layer keeps what does not fit. The engine
-        keeps views of ``data``: do not mutate it before the bytes are written."""
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
+        """Queue ``data`` (followed by ``more``: one run of bytes in several parts) as data
+        frames of at most ``max_frame`` bytes. The total must not exceed
+        :meth:`send_credit`; the I/O layer keeps what does not fit. The engine keeps views
+        of the parts: do not mutate them before the bytes are written."""
 
     @abstractmethod
     def end_channel(self, channel: int) -> bool:

@@ -201,12 +201,12 @@ class MplexEngine(Engine):
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
         self._reset(record, "stream refused" if self.format == "multiplex" else None)
 
-    def send_data(self, channel: int, data: BytesLike) -> None:
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue ``data`` as message frames of at most :attr:`max_frame` bytes (views)."""
         record = self._writable(channel)
-        if data:
+        if data or more:
             sid, flag = record.wire_id, self._flags(record)[0]
-            self._queue_frames(record, data, lambda size: wire.encode_header(sid, flag, size))
+            self._queue_frames(record, data, more, lambda size: wire.encode_header(sid, flag, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (Close flag); the stream is gone once the peer closed too."""

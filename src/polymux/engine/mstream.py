@@ -23,7 +23,7 @@ import os
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import DataRuns, Engine
+from polymux.engine.base import DataRuns, Engine, run_size
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelAccepted,
@@ -354,13 +354,13 @@ class MStreamEngine(Engine):
         self._send(C.CHANNEL_TERMINATED, record, b"")
         self._forget(record)
 
-    def send_data(self, channel: int, data: BytesLike) -> None:
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue Content frames for ``data`` (within the credit), split at
         :attr:`max_frame` bytes. Payloads are views of ``data``, not copies."""
         record = self._writable(channel)
-        record.send.consume(len(data))
-        if data:
-            self._queue_frames(record, data, lambda size: self._header(C.CONTENT, record, size))
+        record.send.consume(run_size(data, more))
+        if data or more:
+            self._queue_frames(record, data, more, lambda size: self._header(C.CONTENT, record, size))
 
     def end_channel(self, channel: int) -> bool:
         """Send ContentWritingCompleted; terminate the channel if the peer ended too."""

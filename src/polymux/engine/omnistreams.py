@@ -384,9 +384,12 @@ class OmnistreamsEngine(Engine):
         assert isinstance(send, MessageCredit)
         return send.available_bytes
 
-    def send_data(self, channel: int, data: BytesLike) -> None:
-        """Queue ``data`` as STREAM_DATA messages of at most ``chunkSize`` bytes (views).
-        ``len(data)`` must not exceed :meth:`send_credit`."""
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
+        """Queue ``data`` (then ``more``) as STREAM_DATA messages of at most ``chunkSize``
+        bytes (views; several parts are joined first, since a message is one piece). The
+        total must not exceed :meth:`send_credit`."""
+        if more:
+            data = b"".join((data, *more))
         record = self._record(channel)
         if not record.local_origin:
             raise RuntimeError(f"{self.format}: {record.describe()} is receive-only")

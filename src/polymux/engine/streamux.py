@@ -233,14 +233,16 @@ class StreamuxEngine(Engine):
         """Refuse a request: an empty response, and the rest of the request is dropped."""
         self._drop(self._record(channel))
 
-    def send_data(self, channel: int, data: BytesLike) -> None:
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue chunks of at most :attr:`max_frame` bytes (never empty: that is a cancel)."""
         record = self._writable(channel)
-        if data:
+        if data or more:
             n = self.negotiated
             assert n is not None
             cid, response = record.wire_id, not record.local_origin
-            self._queue_frames(record, data, lambda size: wire.encode_header(n, cid, size, response, False))
+            self._queue_frames(
+                record, data, more, lambda size: wire.encode_header(n, cid, size, response, False)
+            )
 
     def end_channel(self, channel: int) -> bool:
         """Terminate our message (an empty termination chunk)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import DataRuns, Engine
+from polymux.engine.base import DataRuns, Engine, run_size
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelAccepted,
@@ -233,13 +233,13 @@ class YamuxEngine(Engine):
         self._send_flags(record, Flag.RST)
         self._forget(record)
 
-    def send_data(self, channel: int, data: BytesLike) -> None:
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue Data frames of at most :attr:`max_frame` bytes (views of ``data``)."""
         record = self._writable(channel)
-        record.send.consume(len(data))
-        if data:
+        record.send.consume(run_size(data, more))
+        if data or more:
             sid = record.wire_id
-            self._queue_frames(record, data, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
+            self._queue_frames(record, data, more, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""
