@@ -65,7 +65,8 @@ class ChannelStreamReader(asyncio.StreamReader):
         super().set_exception(exc)
 
     def exception(self) -> Exception | None:
-        return self._deferred or super().exception()
+        # drain() asks on every call: no super() round trip (the stdlib returns _exception).
+        return self._deferred or self._exception  # type: ignore[attr-defined]
 
     def _raise_deferred(self) -> None:
         exc, self._deferred = self._deferred, None
@@ -89,11 +90,21 @@ class ChannelStreamReader(asyncio.StreamReader):
         return await super().read(n)
 
     def _maybe_resume_transport(self) -> None:
-        super()._maybe_resume_transport()  # type: ignore[misc]
+        # Runs after every consuming read (twice per message for a reader of small
+        # length-prefixed messages), so the stdlib's step and the channel's credit
+        # bookkeeping are inlined here.
+        buffer = self._buffer
+        if self._paused and len(buffer) <= self._limit:  # type: ignore[has-type,attr-defined]
+            self._paused = False
+            self._transport.resume_reading()  # type: ignore[union-attr]
         transport = self._transport
         if transport is not None:
-            transport._reader_consumed(len(self._buffer))
-        if self._deferred is not None and not self._buffer:
+            # Uncredited bytes are always the newest (end of the buffer, then the backlog);
+            # what is gone beyond them was consumed.
+            held = len(buffer) + transport._backlog_size
+            if transport._unconsumed > held:
+                transport._reader_consumed(held)
+        if self._deferred is not None and not buffer:
             self._raise_deferred()
 
     def _feed_parts(self, first: BytesLike, more: tuple[BytesLike, ...]) -> None:
@@ -342,7 +353,8 @@ class ChannelTransport(asyncio.Transport):
             buf = self._buf = deque()
         buf.append(data)
         self._buffered += len(data)
-        self._mux._want_send(self)
+        if not self._queued:  # queued: the scheduler will come to it (flush pending or paused)
+            self._mux._want_send(self)
         if not self._protocol_paused and self._buffered > self._high:
             self._protocol_paused = True
             self._protocol.pause_writing()  # type: ignore[union-attr]
@@ -424,17 +436,20 @@ class ChannelTransport(asyncio.Transport):
             limit = min(room, _COALESCE)
             run: list[BytesLike] = []
             got = 0
-            while buf and got < limit and len(buf[0]) < _COALESCE:
+            while buf and got < limit:
                 part = buf[0]
+                size_ = len(part)
+                if size_ >= _COALESCE:
+                    break
                 left = limit - got
-                if len(part) > left:
+                if size_ > left:
                     view = memoryview(part)
                     run.append(view[:left])
                     buf[0] = view[left:]
-                    got += left
-                else:
-                    run.append(buf.popleft())
-                    got += len(part)
+                    got = limit
+                    break
+                run.append(buf.popleft())
+                got += size_
             parts.append(run[0] if len(run) == 1 else b"".join(run))
             size += got
         self._buffered -= size
@@ -553,10 +568,9 @@ class ChannelTransport(asyncio.Transport):
         else:
             self._mux._ack(self._handle, n)
 
-    def _reader_consumed(self, still_buffered: int) -> None:
-        # Uncredited bytes are always the newest (end of the reader's buffer, then the
-        # backlog); what is gone beyond them was consumed.
-        held = still_buffered + self._backlog_size
+    def _reader_consumed(self, held: int) -> None:
+        """The reader consumed everything it had beyond ``held`` unread bytes (its buffer
+        plus our backlog)."""
         consumed = self._unconsumed - held
         if consumed > 0:
             self._unconsumed = held
