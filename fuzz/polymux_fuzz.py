@@ -73,11 +73,15 @@ CONFIG = SessionConfig(
 """A config with small windows, so flow-control edges are reachable by short inputs."""
 
 # Bounds of the memory checks, per input byte (generous constants, linear in the input):
-# a reply (credit, pong, reset, accept) is at most a few dozen bytes per frame received,
-# plus what we send on the channels we open (at most _SEND bytes per turn).
+# the engine's replies (credit, pong, reset, accept, and what we answer on channels the
+# peer opens) are at most a few dozen bytes per frame received. What the harness itself
+# sends on the channels it opened is counted apart: up to _SEND bytes (plus a header of
+# at most _HEADER) per channel per piece fed, so 1-byte pieces with three open channels
+# legitimately produce more than _OUT_PER_BYTE of it per input byte.
 _OUT_PER_BYTE = 64
 _OUT_CONST = 64 * 1024
 _SEND = 16
+_HEADER = 64
 
 # Fixed handshake randomness so a run is a pure function of its input. A recorded client
 # used _CLIENT_RANDOM and its server _SERVER_RANDOM, so replayed ids keep their parity.
@@ -137,6 +141,8 @@ def drive_engine(fmt: str, data: bytes) -> Outcome:
     chunk = ctl >> 3
     engine = new_engine(fmt, is_client=is_client)
     sent = sum(len(c) for c in engine.data_to_send())
+    ours = 0  # what the harness sent on the channels it opened
+    pieces = 0
     mine: list[int] = []
     started = False
     pos = 0
@@ -168,10 +174,12 @@ def drive_engine(fmt: str, data: bytes) -> Outcome:
             outcome.error = exc  # type: ignore[assignment]
             break
         outcome.events += len(events)
+        pieces += 1
         _react(engine, events)
+        sent += sum(len(c) for c in engine.data_to_send())
         for handle in mine:
             _answer(engine, handle)
-        sent += sum(len(c) for c in engine.data_to_send())
+        ours += sum(len(c) for c in engine.data_to_send())
         outcome.max_channels = max(outcome.max_channels, engine.channel_count)
         assert engine.channel_count <= len(payload) + opens, (
             f"{fmt}: {engine.channel_count} channels tracked after {len(payload)} input bytes"
@@ -193,6 +201,9 @@ def drive_engine(fmt: str, data: bytes) -> Outcome:
     outcome.sent = sent
     assert sent <= _OUT_PER_BYTE * len(payload) + _OUT_CONST, (
         f"{fmt}: {sent} bytes of output for {len(payload)} input bytes"
+    )
+    assert ours <= pieces * len(mine) * (_SEND + _HEADER), (
+        f"{fmt}: {ours} bytes sent on our {len(mine)} channels over {pieces} pieces"
     )
     return outcome
 

@@ -68,3 +68,18 @@ def test_peer_leaving_fewer_ids_than_we_open() -> None:
     engine, ``LimitExceeded`` from the session), not a crash of the harness."""
     data = base64.b64decode("BQER0Gs25w==")
     pf.drive_engine("streamux", data)
+
+
+def test_harness_counts_its_own_sends_apart() -> None:
+    """hypothesis, yamux (harness finding): fed one byte at a time with three channels of
+    its own open, the harness sends 16 bytes on each of them per piece (3 x 28 bytes per
+    input byte), which broke the 64-bytes-per-input-byte bound meant for the engine's own
+    replies. The two are bounded apart now; the engine's replies stay within the bound."""
+    from polymux.wire.yamux import Type, encode_header
+
+    body = 4000
+    data = bytes([pf.control_byte(is_client=False, opens=3, chunk=1)])
+    data += encode_header(Type.DATA, 0, 1, body) + b"x" * body  # a stream nobody opened: dropped
+    outcome = pf.drive_engine("yamux", data)
+    assert outcome.error is None
+    assert outcome.sent <= pf._OUT_PER_BYTE * (len(data) - 1) + pf._OUT_CONST
