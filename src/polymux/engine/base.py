@@ -184,21 +184,19 @@ class Engine(ABC):
         record: ChannelRecord,
         data: BytesLike,
         more: tuple[BytesLike, ...],
+        total: int,
         header: Callable[[int], bytes],
     ) -> None:
-        """Queue ``data`` followed by ``more`` as one run of frames of at most
-        :attr:`max_frame` bytes: ``header(size)``, then views of the payload (no copy; a
-        frame may span parts). The header of a full frame is encoded once per channel
-        (``record.full_header``): only the data frames of a channel use this."""
+        """Queue ``data`` followed by ``more`` (``total`` bytes, see :func:`run_size`) as
+        one run of frames of at most :attr:`max_frame` bytes: ``header(size)``, then views
+        of the payload (no copy; a frame may span parts). The header of a full frame is
+        encoded once per channel (``record.full_header``): only data frames use this."""
         out = self._out
         step = self.max_frame
-        n = len(data)
-        total = n + sum(map(len, more)) if more else n
         if total < step:  # one frame (every turn of a channel among many)
             out.append(header(total))
             out.append(data)
-            if more:
-                out.extend(more)
+            out.extend(more)
             return
         cached = record.full_header
         if cached is not None and cached[0] == step:
@@ -206,26 +204,15 @@ class Engine(ABC):
         else:  # first full frame (or the frame size changed: Streamux negotiates it)
             full = header(step)
             record.full_header = (step, full)
-        if total == step:
-            out.append(full)
-            out.append(data)
-            if more:
-                out.extend(more)
-            return
-        if not more:
-            view = memoryview(data)
-            last = n - n % step
-            for off in range(0, last, step):
-                out.append(full)
-                out.append(view[off : off + step])
-            if last < n:
-                out.append(header(n - last))
-                out.append(view[last:])
-            return
         remaining = total
         room = 0  # bytes the current frame still takes
-        for part in (data, *more):
+        for part in (data, *more) if more else (data,):
             size = len(part)
+            if room >= size:  # the whole part fits in the current frame
+                out.append(part)
+                room -= size
+                continue
+            view = memoryview(part)
             pos = 0
             while pos < size:
                 if not room:
@@ -233,7 +220,7 @@ class Engine(ABC):
                     remaining -= room
                     out.append(full if room == step else header(room))
                 k = min(room, size - pos)
-                out.append(part if k == size else memoryview(part)[pos : pos + k])
+                out.append(part if k == size else view[pos : pos + k])
                 pos += k
                 room -= k
 

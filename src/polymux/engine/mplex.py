@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import DataRuns, Engine
+from polymux.engine.base import DataRuns, Engine, run_size
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelClosed,
@@ -204,9 +204,10 @@ class MplexEngine(Engine):
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue ``data`` as message frames of at most :attr:`max_frame` bytes (views)."""
         record = self._writable(channel)
-        if data or more:
+        total = run_size(data, more)
+        if total:
             sid, flag = record.wire_id, self._flags(record)[0]
-            self._queue_frames(record, data, more, lambda size: wire.encode_header(sid, flag, size))
+            self._queue_frames(record, data, more, total, lambda size: wire.encode_header(sid, flag, size))
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (Close flag); the stream is gone once the peer closed too."""

@@ -358,9 +358,10 @@ class MStreamEngine(Engine):
         """Queue Content frames for ``data`` (within the credit), split at
         :attr:`max_frame` bytes. Payloads are views of ``data``, not copies."""
         record = self._writable(channel)
-        record.send.consume(run_size(data, more))
-        if data or more:
-            self._queue_frames(record, data, more, lambda size: self._header(C.CONTENT, record, size))
+        total = run_size(data, more)
+        record.send.consume(total)
+        if total:
+            self._queue_frames(record, data, more, total, lambda size: self._header(C.CONTENT, record, size))
 
     def end_channel(self, channel: int) -> bool:
         """Send ContentWritingCompleted; terminate the channel if the peer ended too."""

@@ -30,7 +30,7 @@ import os
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import Engine
+from polymux.engine.base import Engine, run_size
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import (
     ChannelClosed,
@@ -236,12 +236,13 @@ class StreamuxEngine(Engine):
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue chunks of at most :attr:`max_frame` bytes (never empty: that is a cancel)."""
         record = self._writable(channel)
-        if data or more:
+        total = run_size(data, more)
+        if total:
             n = self.negotiated
             assert n is not None
             cid, response = record.wire_id, not record.local_origin
             self._queue_frames(
-                record, data, more, lambda size: wire.encode_header(n, cid, size, response, False)
+                record, data, more, total, lambda size: wire.encode_header(n, cid, size, response, False)
             )
 
     def end_channel(self, channel: int) -> bool:

@@ -236,10 +236,13 @@ class YamuxEngine(Engine):
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue Data frames of at most :attr:`max_frame` bytes (views of ``data``)."""
         record = self._writable(channel)
-        record.send.consume(run_size(data, more))
-        if data or more:
+        total = run_size(data, more)
+        record.send.consume(total)
+        if total:
             sid = record.wire_id
-            self._queue_frames(record, data, more, lambda size: wire.encode_header(Type.DATA, 0, sid, size))
+            self._queue_frames(
+                record, data, more, total, lambda size: wire.encode_header(Type.DATA, 0, sid, size)
+            )
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""

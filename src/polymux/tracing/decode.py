@@ -173,18 +173,24 @@ class _YamuxTracker(_Tracker):
             c = self.credit[(sid, direction)] = _Credit(self.wire.INITIAL_WINDOW)
         return c
 
+    def _charge(self, sid: int, direction: str, n: int, out: list[FrameRecord]) -> int:
+        """``n`` data bytes sent on ``sid``: the credit left (a violation when the sender
+        overran it; ``out``: the frame's records so far)."""
+        credit = self.credit.get((sid, direction)) or self._credit(sid, direction)
+        credit.in_flight += n
+        left = credit.window - credit.in_flight
+        if left < 0 and not self.decoder.one_way:
+            raise _Violation(
+                f"{self.fmt}: stream {sid} overran its send window: {n} bytes with {left + n} left", out
+            )
+        return left
+
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         type_, flags, sid, length = item.type, item.flags, item.stream_id, item.length
         if type_ == 0 and not flags and length and not self.decoder.one_way:
             # The bulk of any capture: plain data, one record (the general path below gives
             # the same record, through more steps).
-            credit = self.credit.get((sid, direction)) or self._credit(sid, direction)
-            credit.in_flight += length
-            left = credit.window - credit.in_flight
-            if left < 0:
-                raise _Violation(
-                    f"{self.fmt}: stream {sid} overran its send window: {length} bytes with {left + length} left"
-                )
+            left = self._charge(sid, direction, length, [])
             dec = self.decoder
             return [
                 FrameRecord(
@@ -225,15 +231,8 @@ class _YamuxTracker(_Tracker):
                 out.append(rec(direction, time_ns, offset, channel, "open_ack", 0, flags))
             n = len(item.body)
             if n or not flags & 15:
-                credit = self._credit(sid, direction)
-                credit.in_flight += n
-                if credit.left < 0 and not self.decoder.one_way:
-                    raise _Violation(
-                        f"{self.fmt}: stream {sid} overran its send window: {n} bytes with "
-                        f"{credit.left + n} left",
-                        out,
-                    )
-                out.append(rec(direction, time_ns, offset, channel, "data", n, flags, credit.left, direction))
+                left = self._charge(sid, direction, n, out)
+                out.append(rec(direction, time_ns, offset, channel, "data", n, flags, left, direction))
         if flags & 8:
             out.append(rec(direction, time_ns, offset, channel, "reset", 0, flags))
         elif flags & 4:
@@ -810,7 +809,14 @@ class FrameDecoder:
             del d.tail[:drop]
             d.tail += data
         d.boundary = consumed
-        offset = start
+        self._emit(d, items, sizes, start, time_ns)
+
+    def _emit(
+        self, d: _Direction, items: list[Any], sizes: list[int], offset: int, time_ns: int
+    ) -> int | None:
+        """Records of ``items`` (of ``sizes`` bytes), the first at ``offset``. Returns the
+        offset past the last one, or None if one broke the protocol (a violation record
+        at its offset, and the direction stops)."""
         out = self._out
         records = self._tracker.records
         name = d.name
@@ -821,15 +827,8 @@ class FrameDecoder:
         except _Violation as exc:
             out.extend(exc.records)
             self._violation(d, offset, time_ns, str(exc))
-
-    def _emit(self, d: _Direction, item: Any, offset: int, time_ns: int) -> bool:
-        try:
-            self._out.extend(self._tracker.records(d.name, item, offset, time_ns))
-        except _Violation as exc:
-            self._out.extend(exc.records)
-            self._violation(d, offset, time_ns, str(exc))
-            return False
-        return True
+            return None
+        return offset
 
     def _violation(self, d: _Direction, offset: int, time_ns: int, message: str) -> None:
         self._out.append(self._tracker.rec(d.name, time_ns, offset, "", "violation", error=message))
@@ -884,12 +883,9 @@ class FrameDecoder:
         sizes = [self._tracker.size(item) for item in items]
         if sum(sizes) != good:
             sizes = self._exact_sizes(d, data[:good], sizes)
-        offset = d.boundary
-        for item, n in zip(items, sizes, strict=True):
-            if not self._emit(d, item, offset, time_ns):
-                return
-            offset += n
-        self._violation(d, offset, time_ns, str(error))
+        offset = self._emit(d, items, sizes, d.boundary, time_ns)
+        if offset is not None:
+            self._violation(d, offset, time_ns, str(error))
 
 
 def decode_chunks(
