@@ -94,7 +94,7 @@ class _Mux:
         self.wanted += 1
 
 
-async def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:
+def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:
     channel = ChannelTransport(_Mux(), 1, "t")  # type: ignore[arg-type]
     channel.set_protocol(asyncio.Protocol())
     big = bytes(range(256)) * 1024  # 256 KiB
@@ -117,4 +117,3 @@ async def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None
     assert sum(len(p) for p in parts) == rest
     assert all(len(p) <= _COALESCE for p in parts[1:])
     assert channel._buffered == 0
-    await asyncio.sleep(0)
