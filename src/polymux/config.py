@@ -66,12 +66,17 @@ class SessionConfig:
     """yamux: window granted beyond the initial 256 KiB per stream, summed over the
     session; growth stops there, so many streams cannot claim unbounded memory."""
 
-    keepalive_interval: float | None = 30.0
-    """Seconds between keepalive pings (formats with pings); None disables them."""
+    keepalive_interval: float | None = 15.0
+    """Seconds between keepalive pings (formats with pings: yamux, Streamux); None
+    disables them. With ``keepalive_timeout`` it bounds how long a vanished peer (a cut
+    with no FIN or RST) goes unnoticed: interval + timeout, 25 s by default."""
 
     keepalive_timeout: float = 10.0
     """Seconds a ping may go unanswered before the session fails (a dead peer must not
-    hang readers)."""
+    hang readers). Only an answer proves the peer alive: a peer that trickles bytes does
+    not. While the peer is busy delivering what it sent before the answer (full socket
+    reads) or reading what we sent (our unsent bytes shrink), the wait extends, never past
+    4 x ``keepalive_timeout`` in all."""
 
     idle_timeout: float | None = 300.0
     """Seconds a session with no channels may go without receiving a byte before it is
@@ -135,10 +140,35 @@ class SessionConfig:
     max_outbound_channels: int = 1024
     """Channels we may have open at once; opening more raises LimitExceeded."""
 
-    inbound_channel_rate: float = 100_000.0
-    """New channels per second the peer may open (burst of as many); a peer above the
-    rate is a protocol violation (js-libp2p-mplex disconnects such a peer). High by default
-    because request/response use (Streamux) opens one channel per request."""
+    inbound_channel_rate: float = 10_000.0
+    """New channels per second the peer may open (burst of as many), counted as the opens
+    arrive, refused ones included; a peer above the rate is a protocol violation
+    (js-libp2p-mplex disconnects such a peer). High enough for request/response use
+    (Streamux opens one channel per request), low enough that an open/reset flood (Rapid
+    Reset) ends the session within one read of it."""
+
+    max_session_memory: int = 32 * 1024 * 1024
+    """The per-connection memory budget: bytes received and not yet read by the
+    application, plus bytes written by the application and not yet sent, summed over every
+    channel of the session, half for each. Over half of it unread, the session stops
+    reading from the peer until the application has read it down to a quarter; over half
+    of it unsent, every channel writer's ``drain()`` blocks until it is down to a quarter.
+    Receive windows of new channels are sized to fit (MultiplexingStream v2/v3,
+    omnistreams), and yamux windows grow only within it."""
+
+    max_queued_control: int = 4096
+    """Control frames (ping answers, acknowledgements, resets of refused channels) queued
+    while the connection cannot be written: past it the session stops reading, so a peer
+    that sends but does not read cannot make us queue replies without bound."""
+
+    send_timeout: float | None = 30.0
+    """Seconds the session may go on holding back reading because the peer does not read
+    what we must send it (see ``max_queued_control`` and ``max_session_memory``) with no
+    progress on the socket; then the session ends (``SessionClosed``). None: wait forever."""
+
+    max_name_bytes: int = 4096
+    """Longest channel name (UTF-8 bytes) or creation metadata (omnistreams) accepted from
+    the peer; offers with a longer one are refused."""
 
     capture: CaptureFactory | None = None
     """Opt-in recording of the raw bytes each session sends and receives: a factory
@@ -153,6 +183,9 @@ class SessionConfig:
             "write_buffer_high",
             "stream_limit",
             "batch_bytes",
+            "max_session_memory",
+            "max_queued_control",
+            "max_name_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -203,6 +236,10 @@ class SessionConfig:
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise ValueError(
                 f"SessionConfig.idle_timeout must be positive or None, got {self.idle_timeout!r}"
+            )
+        if self.send_timeout is not None and not self.send_timeout > 0:
+            raise ValueError(
+                f"SessionConfig.send_timeout must be positive or None, got {self.send_timeout!r}"
             )
         for name in ("handshake_timeout", "close_timeout", "keepalive_timeout", "stream_open_timeout"):
             if getattr(self, name) <= 0:

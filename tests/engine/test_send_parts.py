@@ -89,9 +89,14 @@ class _Mux:
         self.engine = make_engine("yamux")
         self.config = SessionConfig()
         self.wanted = 0
+        self._unsent = 0
+        self._unsent_limit = 1 << 40
 
     def _want_send(self, channel: ChannelTransport) -> None:
         self.wanted += 1
+
+    def _sent(self, n: int) -> None:
+        self._unsent -= n
 
 
 def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:

@@ -839,12 +839,14 @@ def test_receiving_goaway_codes(code: int, message: str) -> None:
     assert not a.closed
 
 
-def test_remote_goaway_still_allows_incoming_streams_to_finish() -> None:
+def test_a_stream_opened_after_the_peers_goaway_is_refused() -> None:
+    """The peer said it is going away: a stream it opens after that is reset (not
+    opened), and the session goes on."""
     a = YamuxEngine()
     a.receive_data(GOAWAY_NORMAL)
-    events = norm(a.receive_data(data(2, b"hi", F.SYN)))
-    handle = events[0].channel  # type: ignore[attr-defined]
-    assert events == [ChannelOpened(handle, "2"), DataReceived(handle, b"hi", 2)]
+    assert a.receive_data(data(2, b"hi", F.SYN)) == []
+    assert out(a) == h(wu(2, F.RST))
+    assert not a.closed and a.channel_count == 0
 
 
 # -- documented ignores ------------------------------------------------------------------

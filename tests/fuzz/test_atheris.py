@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -61,5 +62,11 @@ async def test_atheris_short_run(harness: str, tmp_path: Path) -> None:
 
     results = await asyncio.gather(*(one(fmt) for fmt in polymux.PROTOCOLS))
     for fmt, rc, out in results:
-        assert rc == 0, f"{harness} {fmt}: atheris exited with {rc}:\n{out[-4000:]}"
-        assert f"Done {RUNS[harness]} in " in out, f"{harness} {fmt}:\n{out[-2000:]}"
+        done = f"Done {RUNS[harness]} in " in out
+        # libFuzzer prints "Done" only once every run passed. A SIGALRM after it (exit -14:
+        # seen on a loaded machine even with -timeout=0, during interpreter teardown) ends
+        # a run that already succeeded; before "Done" it is a failure like any other.
+        assert rc == 0 or (rc == -signal.SIGALRM and done), (
+            f"{harness} {fmt}: atheris exited with {rc}:\n{out[-4000:]}"
+        )
+        assert done, f"{harness} {fmt}:\n{out[-2000:]}"

@@ -478,10 +478,10 @@ async def test_peer_that_never_answers_pings(fmt: str, served: Callable[..., Awa
         peer.close()
 
 
-async def test_keepalive_spares_a_peer_that_keeps_sending(served: Callable[..., Awaitable[Served]]) -> None:
-    """A peer whose ping answers are late but which keeps sending is alive (its answer can
-    sit behind 100,000 channel opens): keepalive fails only after a whole
-    keepalive_timeout in which nothing arrived."""
+async def test_keepalive_is_not_fooled_by_a_trickle(served: Callable[..., Awaitable[Served]]) -> None:
+    """A peer that never answers a ping but keeps sending a small frame every 50 ms (a
+    trickle, not a busy peer whose answer sits behind full socket reads) is dead to
+    keepalive: the session ends within interval + timeout (+ slack), not never."""
     got = 0
 
     async def count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -500,16 +500,19 @@ async def test_keepalive_spares_a_peer_that_keeps_sending(served: Callable[..., 
         await peer.send()
         await until(lambda: bool(s.server.sessions))  # type: ignore[union-attr]
         (session,) = s.server.sessions  # type: ignore[union-attr]
-        # Ten keepalive periods of data every 50 ms and never a ping answer: still open.
-        for _ in range(20):
-            peer.engine.send_data(handle, b"x")
-            await peer.send()
-            await asyncio.sleep(0.05)  # the peer's pace, not synchronisation
-        await until(lambda: got == 20)
-        assert not session.is_closed, session.exception
-        # Silent from now on: closed within interval + timeout (+ scheduling slack).
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with contextlib.suppress(ConnectionError):
+            for _ in range(100):  # up to 5 s of trickle; the session ends long before
+                if session.is_closed:
+                    break
+                peer.engine.send_data(handle, b"x")
+                await peer.send()
+                await asyncio.sleep(0.05)  # the peer's pace, not synchronisation
         async with asyncio.timeout(5):
             await session.wait_closed()
-        assert "keepalive" in str(session.exception)
+        assert "keepalive" in str(session.exception), session.exception
+        assert loop.time() - start < 2.0, loop.time() - start
+        assert got >= 1
     finally:
         peer.close()

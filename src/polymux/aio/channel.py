@@ -352,11 +352,18 @@ class ChannelTransport(asyncio.Transport):
         if buf is _NO_DEQUE:
             buf = self._buf = deque()
         buf.append(data)
-        self._buffered += len(data)
+        n = len(data)
+        self._buffered += n
+        mux = self._mux
+        mux._unsent += n
         if not self._queued:  # queued: the scheduler will come to it (flush pending or paused)
-            self._mux._want_send(self)
-        if not self._protocol_paused and self._buffered > self._high:
+            mux._want_send(self)
+        if not self._protocol_paused and (self._buffered > self._high or mux._unsent > mux._unsent_limit):
+            # Over our own high-water mark, or the session holds half its memory budget
+            # in unsent bytes: drain() blocks.
             self._protocol_paused = True
+            if self._buffered <= self._high:
+                mux._hold_writer(self)
             self._protocol.pause_writing()  # type: ignore[union-attr]
 
     def writelines(self, list_of_data: Any) -> None:
@@ -395,6 +402,9 @@ class ChannelTransport(asyncio.Transport):
         if protocol is None or self._done:
             return
         if self._protocol_paused and self._buffered <= self._low:
+            if self._mux._unsent > self._mux._unsent_limit:
+                self._mux._hold_writer(self)  # resumes once the session's unsent bytes fall
+                return
             self._protocol_paused = False
             protocol.resume_writing()
         elif not self._protocol_paused and self._buffered > self._high:
@@ -453,6 +463,7 @@ class ChannelTransport(asyncio.Transport):
             parts.append(run[0] if len(run) == 1 else b"".join(run))
             size += got
         self._buffered -= size
+        self._mux._sent(size)
         if self._protocol_paused and self._buffered <= self._low:
             self._update_write_pause()
         return parts
@@ -520,6 +531,7 @@ class ChannelTransport(asyncio.Transport):
         self._mux._reset_channel(self, message)
         self._backlog.clear()
         self._backlog_size = 0
+        self._drop_unread()
         reader = self._reader
         if reader is not None:
             reader._deferred = None
@@ -535,6 +547,7 @@ class ChannelTransport(asyncio.Transport):
         reader = self._reader
         if reader is not None:
             self._unconsumed += n
+            self._mux._received(n)
             buffer = reader._buffer
             if (
                 buffer
@@ -574,6 +587,7 @@ class ChannelTransport(asyncio.Transport):
         consumed = self._unconsumed - held
         if consumed > 0:
             self._unconsumed = held
+            self._mux._consumed(consumed)
             # Batched: one engine call per loop iteration, not per read (a reader of
             # 64-byte messages reads twice per message, thousands per iteration).
             self._ack_pending += consumed
@@ -631,6 +645,7 @@ class ChannelTransport(asyncio.Transport):
         fed = self._top_up(None)
         if self._unconsumed:
             n, self._unconsumed = self._unconsumed, 0
+            self._mux._consumed(n)
             self._mux._ack(self._handle, n)
         self._set_reading_paused(False)
         return fed
@@ -668,7 +683,7 @@ class ChannelTransport(asyncio.Transport):
         self._backlog_size = 0
         if self._unconsumed:
             self._mux._ack(self._handle, self._unconsumed)
-            self._unconsumed = 0
+            self._drop_unread()
         self.write_eof()
         self._close_timer = self._mux.loop.call_later(self._mux.config.close_timeout, self.abort)
 
@@ -706,12 +721,24 @@ class ChannelTransport(asyncio.Transport):
             )
         self._finish(None)
 
+    def _drop_unread(self) -> None:
+        """Unread bytes no longer count against the session's budget (the channel dropped
+        them, or it is finished: what its reader still holds is the application's)."""
+        if self._unconsumed:
+            n, self._unconsumed = self._unconsumed, 0
+            self._mux._consumed(n)
+
+    def _drop_unsent(self) -> None:
+        self._buf.clear()
+        if self._buffered:
+            n, self._buffered = self._buffered, 0
+            self._mux._sent(n)
+
     def _peer_stopped_reading(self) -> None:
         self._write_error = ChannelClosedError(
             f"{self._mux.engine.format}: the peer stopped reading {self._label()}"
         )
-        self._buf.clear()
-        self._buffered = 0
+        self._drop_unsent()
         self._update_write_pause()
         self.write_eof()
 
@@ -739,8 +766,8 @@ class ChannelTransport(asyncio.Transport):
             self._write_error = exc or ChannelClosedError(
                 f"{self._mux.engine.format}: {self._label()} is closed"
             )
-        self._buf.clear()
-        self._buffered = 0
+        self._drop_unsent()
+        self._drop_unread()
         self._mux._channel_done(self)
         self._deliver_lost(exc)
 

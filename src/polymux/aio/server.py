@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
@@ -19,6 +20,18 @@ __all__ = ["Server", "start_server", "start_unix_server"]
 
 SessionHandler = Callable[[Session], Awaitable[None] | None]
 
+logger = logging.getLogger("polymux")
+
+DEFAULT_MAX_CONNECTIONS = 1024
+"""Connections a server holds at once by default (``max_connections``)."""
+
+
+class _Refused(asyncio.Protocol):
+    """The protocol of a connection beyond ``max_connections``: dropped at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).abort()
+
 
 class Server:
     """A listening server whose connections are polymux sessions.
@@ -26,15 +39,36 @@ class Server:
     ``async with`` closes it (and its sessions) on exit; ``sessions`` are the live ones.
     """
 
-    def __init__(self, factory: Callable[[], MuxProtocol], session_handler: SessionHandler | None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], MuxProtocol],
+        session_handler: SessionHandler | None,
+        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        if max_connections is not None and (not isinstance(max_connections, int) or max_connections <= 0):
+            raise ValueError(f"max_connections must be a positive int or None, got {max_connections!r}")
         self._factory = factory
         self._session_handler = session_handler
+        self.max_connections = max_connections
+        """Connections held at once (once connected: TLS handshakes in progress are bounded
+        by asyncio's ``ssl_handshake_timeout``); more are dropped as they come."""
+        self._refused = 0
         self._server: asyncio.Server | None = None
         self.sessions: set[Session] = set()
         """Sessions currently connected."""
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _make(self) -> MuxProtocol:
+    def _make(self) -> asyncio.Protocol:
+        limit = self.max_connections
+        if limit is not None and len(self.sessions) >= limit:
+            self._refused += 1
+            if self._refused & (self._refused - 1) == 0:  # 1st, 2nd, 4th, 8th ...: not a log flood
+                logger.warning(
+                    "polymux server: max_connections=%d reached; %d connection(s) refused so far",
+                    limit,
+                    self._refused,
+                )
+            return _Refused()
         mux = self._factory()
         session = mux.session
         # Counted from connection_made, which a failed TLS handshake never reaches (and
@@ -102,6 +136,7 @@ def _server(
     config: SessionConfig | None,
     session_handler: SessionHandler | None,
     offer_filter: OfferFilter | None,
+    max_connections: int | None,
     options: dict[str, Any],
 ) -> Server:
     check_protocol(protocol)
@@ -110,7 +145,7 @@ def _server(
     def make() -> MuxProtocol:
         return MuxProtocol(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    return Server(make, session_handler)
+    return Server(make, session_handler, max_connections)
 
 
 async def start_server(
@@ -123,13 +158,15 @@ async def start_server(
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
     ssl: Any = None,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     **options: Any,
 ) -> Server:
     """Listen on TCP; each connection is a session, each incoming channel runs
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
     runs once per session when its handshake is done. ``options`` are
-    :class:`SessionConfig` fields."""
-    server = _server(protocol, handler, config, session_handler, offer_filter, options)
+    :class:`SessionConfig` fields. At most ``max_connections`` connections are held at
+    once (``None``: no limit); further ones are dropped as they arrive."""
+    server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
     server._server = await loop.create_server(server._make, host, port, ssl=ssl)
     return server
@@ -145,6 +182,7 @@ async def start_unix_server(
     offer_filter: OfferFilter | None = None,
     ssl: Any = None,
     mode: int | None = 0o600,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     **options: Any,
 ) -> Server:
     """Listen on a unix socket (see :func:`start_server`).
@@ -153,7 +191,7 @@ async def start_unix_server(
     connect) before the server listens, so no other user can connect in between;
     ``None`` leaves them to the umask. A stale socket file at ``path`` is replaced.
     """
-    server = _server(protocol, handler, config, session_handler, offer_filter, options)
+    server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
     if mode is None:

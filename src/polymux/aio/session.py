@@ -59,6 +59,23 @@ StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _MAX_UNREAD_CONTROLS = 1024
 """Control messages (omnistreams) held unread before the session stops reading the connection."""
 
+# Why reading from the peer is paused (bits of MuxProtocol._read_block); reading resumes
+# only once every reason is gone.
+_SLOW_READER = 1
+"""A channel's reader is full and the format has no credit to withhold (``slow_reader``)."""
+_CONTROLS = 2
+"""omnistreams: too many control messages unread by the application."""
+_BACKLOG = 4
+"""Replies cannot be written (the peer does not read): ``max_queued_control``."""
+_BUDGET = 8
+"""The session holds ``max_session_memory`` (unread plus unsent bytes)."""
+_STALLED = _BACKLOG | _BUDGET
+"""Reasons that, with the socket unwritable, start the ``send_timeout`` clock."""
+
+_BUSY_READ = 64 * 1024
+"""A socket read at least this large means the peer had more queued: it is busy, not dead
+(keepalive waits longer for an answer that sits behind what it sent)."""
+
 
 class MuxProtocol(asyncio.Protocol):
     """Runs one engine on one connection: feeds it received bytes, dispatches its events
@@ -90,6 +107,20 @@ class MuxProtocol(asyncio.Protocol):
         self._flush_pending = False
         self._write_paused = False
         self._read_pausers = 0
+        self._read_block = 0  # why reading is paused: _SLOW_READER | _CONTROLS | ...
+        # The memory budget: bytes received and not yet consumed by the application, and
+        # bytes the application wrote that are not sent yet, over all channels.
+        self._unread = 0
+        self._unsent = 0
+        budget = self.config.max_session_memory
+        self._unsent_limit = self._unread_limit = budget // 2  # over it: writers / reading pause ...
+        self._unsent_resume = self._unread_resume = budget // 4  # ... until it falls to this
+        self._held_writers: set[ChannelTransport] = set()
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_mark = 0  # unsent socket bytes when the send_timeout clock (re)started
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._handlers = 0  # channel handlers still running (a reset channel's too)
+        self._last_busy = -1e9  # loop time of the last full socket read
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closing = False
         self._inbound = 0  # live channels the peer opened
@@ -103,7 +134,7 @@ class MuxProtocol(asyncio.Protocol):
         self._keepalive: asyncio.Task[None] | None = None
         self._open_timers: dict[int, asyncio.TimerHandle] = {}
         self._capture: CaptureSink | None = None
-        self._last_activity = self.loop.time()  # last byte received, or last channel gone
+        self._last_activity = self.loop.time()  # last whole frame received, or last channel gone
         self._idle_timer: asyncio.TimerHandle | None = None
         # omnistreams: control messages not yet read, and stream pairs waiting for their answer.
         self._controls: deque[bytes] = deque()
@@ -129,6 +160,12 @@ class MuxProtocol(asyncio.Protocol):
             self._start_capture(self._transport)
         if self.engine.ready:
             self.ready.set_result(None)
+        else:
+            # Both sides: a peer that connects and never completes the handshake must not
+            # hold a socket until idle_timeout.
+            self._handshake_timer = self.loop.call_later(
+                self.config.handshake_timeout, self._handshake_expired
+            )
         if self._supports_ping():
             if self.engine.ready:
                 self._send_ping()  # at once: the RTT drives window tuning
@@ -137,6 +174,17 @@ class MuxProtocol(asyncio.Protocol):
             self._last_activity = self.loop.time()
             self._idle_timer = self.loop.call_later(self.config.idle_timeout, self._check_idle)
         self._schedule_flush()
+
+    def _handshake_expired(self) -> None:
+        self._handshake_timer = None
+        if self.ready.done() or self._transport is None:
+            return
+        self._abort(
+            SessionClosed(
+                f"{self.engine.format}: no handshake from the peer within "
+                f"{self.config.handshake_timeout:g} s (handshake_timeout)"
+            )
+        )
 
     def _check_idle(self) -> None:
         """``idle_timeout``: close a session that has had no channels and received nothing
@@ -154,19 +202,14 @@ class MuxProtocol(asyncio.Protocol):
             self._idle_timer = self.loop.call_later(timeout - idle, self._check_idle)
             return
         self._error = SessionClosed(
-            f"{self.engine.format}: closed after {timeout:g} s with no channels and nothing received "
+            f"{self.engine.format}: closed after {timeout:g} s with no channels and no frame received "
             "(idle_timeout)"
         )
         logger.info("%s", self._error)
         self._closing = True
         if not self.engine.closed:
             self.engine.close()  # a go-away where the format has one
-            out = self.engine.data_to_send()
-            if out:
-                if self._capture is not None:
-                    self._capture.sent(out)
-                transport.writelines(out)
-        transport.close()
+        self._shut()
 
     def _start_capture(self, transport: asyncio.Transport) -> None:
         def addr(name: str) -> str:
@@ -236,20 +279,27 @@ class MuxProtocol(asyncio.Protocol):
                 await asyncio.sleep(interval)
                 fut = self._send_ping()
                 timeout = self.config.keepalive_timeout
+                waited = 0.0
                 while True:
+                    unsent = self._socket_unsent()
                     try:
                         await asyncio.wait_for(asyncio.shield(fut), timeout)
                         break
                     except TimeoutError:
-                        # A peer still sending is alive: its answer may be queued behind
-                        # what it sends (100,000 channel opens, a busy loop). Fail only
-                        # after a whole keepalive_timeout of silence.
-                        if self._transport is not None and self.loop.time() - self._last_activity < timeout:
-                            continue
+                        # Only an answer proves the peer alive (a trickle of bytes does not).
+                        # A busy peer's answer may sit behind what it sent before it (100,000
+                        # channel opens: full socket reads), and our ping behind what we
+                        # send (our unsent bytes shrink as the peer reads): wait longer
+                        # then, but never past 4 x keepalive_timeout in all.
+                        waited += timeout
+                        if self._transport is not None and waited < 4 * timeout:
+                            busy = self.loop.time() - self._last_busy < timeout
+                            if busy or self._socket_unsent() < unsent:
+                                continue
                     self._forget_pings(fut)
                     err = SessionClosed(
-                        f"{self.engine.format}: keepalive failed: no answer to a ping, and nothing "
-                        f"received for {timeout:g} s"
+                        f"{self.engine.format}: keepalive failed: no answer to a ping within "
+                        f"{waited:g} s (keepalive_timeout={timeout:g})"
                     )
                     logger.warning("%s", err)
                     self._abort(err)
@@ -262,17 +312,25 @@ class MuxProtocol(asyncio.Protocol):
             return
         if self._capture is not None:
             self._capture.received(data)
-        self._last_activity = self.loop.time()
-        self.engine.now = _clock()
+        engine = self.engine
+        engine.now = _clock()
         try:
-            events = self.engine.receive_data(data)
+            events = engine.receive_data(data)
         except ProtocolError as exc:
             logger.warning("%s", exc)
             self._abort(exc)
             return
+        if events or engine.has_output:
+            # Whole frames arrived (bytes of a frame that never ends do not count).
+            self._last_activity = now = self.loop.time()
+            if len(data) >= _BUSY_READ:
+                self._last_busy = now
         for event in events:
             self._dispatch(event)
         self._schedule_flush()
+        if self._write_paused and engine.queued_frames > self.config.max_queued_control:
+            # The peer sends frames that need answers and does not read them.
+            self._block_reading(_BACKLOG, True)
         if self._drain_waiters:
             self._wake()
 
@@ -303,6 +361,11 @@ class MuxProtocol(asyncio.Protocol):
         for timer in self._open_timers.values():
             timer.cancel()
         self._open_timers.clear()
+        for handle in (self._stall_timer, self._handshake_timer):
+            if handle is not None:
+                handle.cancel()
+        self._stall_timer = self._handshake_timer = None
+        self._held_writers.clear()
         if self._error is not None:
             cause: BaseException | None = self._error
             error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
@@ -348,6 +411,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._arm_stall()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -416,6 +480,9 @@ class MuxProtocol(asyncio.Protocol):
             if channel is not None:
                 channel._peer_stopped_reading()
         elif isinstance(event, ev.SessionReady):
+            if self._handshake_timer is not None:
+                self._handshake_timer.cancel()
+                self._handshake_timer = None
             if not self.ready.done():
                 self.ready.set_result(None)
         elif isinstance(event, ev.SessionClosed):
@@ -450,9 +517,9 @@ class MuxProtocol(asyncio.Protocol):
                 waiter.set_result(data)
                 return
         self._controls.append(data)
-        if len(self._controls) >= _MAX_UNREAD_CONTROLS and not self._controls_paused and self._transport:
+        if len(self._controls) >= _MAX_UNREAD_CONTROLS and not self._controls_paused:
             self._controls_paused = True  # bounded memory: wait for the application to read
-            self._transport.pause_reading()
+            self._block_reading(_CONTROLS, True)
 
     async def receive_control(self) -> bytes:
         """The next control message from the peer."""
@@ -460,8 +527,7 @@ class MuxProtocol(asyncio.Protocol):
             data = self._controls.popleft()
             if self._controls_paused and len(self._controls) <= _MAX_UNREAD_CONTROLS // 2:
                 self._controls_paused = False
-                if self._transport is not None:
-                    self._transport.resume_reading()
+                self._block_reading(_CONTROLS, False)
             return data
         if self._error is not None or self._transport is None:
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
@@ -519,10 +585,9 @@ class MuxProtocol(asyncio.Protocol):
 
     def _on_offer(self, handle: int, name: str) -> None:
         engine = self.engine
-        if not engine.is_live(handle):
-            return  # opened and reset (or cancelled) within the same read: nothing to take
         config = self.config
-        # Token bucket: a peer opening channels faster than the rate is abusive.
+        # Token bucket: a peer opening channels faster than the rate is abusive. Charged for
+        # every open as it is read, refused ones and ones already reset (Rapid Reset) too.
         now = self.loop.time()
         rate = config.inbound_channel_rate
         self._open_tokens = min(max(1.0, rate), self._open_tokens + (now - self._open_stamp) * rate)
@@ -533,10 +598,14 @@ class MuxProtocol(asyncio.Protocol):
             self._abort(error)
             return
         self._open_tokens -= 1
+        if not engine.is_live(handle):
+            return  # opened and reset (or cancelled) within the same read: nothing to take
         refuse = (
             self._closing
             or len(self._channels) >= config.max_channels
-            or self._inbound >= config.max_inbound_channels
+            or max(self._inbound, self._handlers) >= config.max_inbound_channels
+            or len(name) > config.max_name_bytes  # characters: a fast first check
+            or len(name.encode("utf-8", "surrogatepass")) > config.max_name_bytes
             or (self._offer_filter is not None and not self._offer_filter(name))
             or (self._handler is None and self._backlog_full())
         )
@@ -565,6 +634,10 @@ class MuxProtocol(asyncio.Protocol):
         """Run the channel handler; an exception it raises resets the channel, carrying
         ``"Type: message"`` to the peer where the format can."""
         assert self._handler is not None
+        # Counted until the handler returns, after its channel is gone too: a peer that
+        # opens and resets channels at once (Rapid Reset) cannot start handlers faster
+        # than they finish.
+        self._handlers += 1
         try:
             result = self._handler(reader, writer)
             if result is not None:
@@ -574,6 +647,8 @@ class MuxProtocol(asyncio.Protocol):
             logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
             if isinstance(transport, ChannelTransport):
                 transport.reset(exc)
+        finally:
+            self._handlers -= 1
 
     def _backlog_full(self) -> bool:
         return len(self._incoming) >= self.config.accept_backlog
@@ -644,13 +719,88 @@ class MuxProtocol(asyncio.Protocol):
         if self.engine.has_flow_control:
             return
         self._read_pausers += 1 if paused else -1
-        transport = self._transport
-        if transport is None:
+        self._block_reading(_SLOW_READER, self._read_pausers > 0)
+
+    # -- bounds: reading paused, the memory budget, send_timeout --------------------------------
+
+    def _block_reading(self, reason: int, on: bool) -> None:
+        """Pause (``on``) or allow reading from the peer for ``reason``; reading resumes once
+        no reason is left."""
+        before = self._read_block
+        after = before | reason if on else before & ~reason
+        if after == before:
             return
-        if paused and self._read_pausers == 1:
-            transport.pause_reading()
-        elif not paused and self._read_pausers == 0:
-            transport.resume_reading()
+        self._read_block = after
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if after and not before:
+                transport.pause_reading()
+            elif before and not after:
+                transport.resume_reading()
+        if on and reason & _STALLED:
+            self._arm_stall()
+
+    def _socket_unsent(self) -> int:
+        """Bytes we must still send that the peer has not taken: the socket transport's
+        buffer and the engine's queued frames."""
+        transport = self._transport
+        return (transport.get_write_buffer_size() if transport is not None else 0) + (
+            1 if self.engine.has_output else 0
+        )
+
+    def _arm_stall(self) -> None:
+        """Start the ``send_timeout`` clock when reading is held back because the peer does
+        not read what we must send it."""
+        timeout = self.config.send_timeout
+        if timeout is None or self._stall_timer is not None or self._transport is None:
+            return
+        if self._write_paused and self._read_block & _STALLED:
+            self._stall_mark = self._socket_unsent()
+            self._stall_timer = self.loop.call_later(timeout, self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall_timer = None
+        if self._transport is None or not (self._write_paused and self._read_block & _STALLED):
+            return
+        unsent = self._socket_unsent()
+        if unsent < self._stall_mark:  # the peer read some: a slow reader, not a stalled one
+            self._arm_stall()
+            return
+        timeout = self.config.send_timeout
+        error = SessionClosed(
+            f"{self.engine.format}: the peer sends but is not reading: {unsent} bytes unsent and "
+            f"no progress for {timeout:g} s (send_timeout)"
+        )
+        logger.warning("%s", error)
+        self._abort(error)
+
+    # Half the budget for each direction. Unsent bytes never pause reading: reading is
+    # what brings the credit that lets them go (an application that wrote 64 MiB at once
+    # would deadlock its own session); they block the writers' drain() instead.
+
+    def _received(self, n: int) -> None:
+        """A channel's reader got ``n`` bytes the application has not consumed yet."""
+        self._unread += n
+        if self._unread > self._unread_limit:
+            self._block_reading(_BUDGET, True)
+
+    def _consumed(self, n: int) -> None:
+        """The application consumed (or a channel dropped) ``n`` unread bytes."""
+        self._unread -= n
+        if self._read_block & _BUDGET and self._unread <= self._unread_resume:
+            self._block_reading(_BUDGET, False)
+
+    def _sent(self, n: int) -> None:
+        """``n`` unsent bytes left the channels' buffers (sent, or dropped)."""
+        self._unsent -= n
+        if self._held_writers and self._unsent <= self._unsent_resume:
+            held, self._held_writers = self._held_writers, set()
+            for channel in held:
+                channel._update_write_pause()
+
+    def _hold_writer(self, channel: ChannelTransport) -> None:
+        """``channel``'s writer stays paused until the session's unsent bytes fall."""
+        self._held_writers.add(channel)
 
     async def open_channel(
         self,
@@ -782,6 +932,8 @@ class MuxProtocol(asyncio.Protocol):
                 self._capture.sent(out)
             transport.writelines(out)
         if not self._write_paused:
+            if self._read_block & _BACKLOG and not engine.has_output:
+                self._block_reading(_BACKLOG, False)
             self._wake()
 
     def _send_turn(self, channel: ChannelTransport, quantum: int) -> int:
@@ -832,14 +984,24 @@ class MuxProtocol(asyncio.Protocol):
             self._error = exc
             self._failed = True
         self._closing = True
+        self._shut()
+
+    def _shut(self) -> None:
+        """Close the connection now: send what the engine queued last (a go-away naming
+        the error) if the socket takes it at once, and abort (dropping unsent bytes) if it
+        does not: a peer that does not read must not keep the socket, its buffers and the
+        channels' memory alive."""
         transport = self._transport
-        if transport is not None:
-            # Send what the engine queued last (a go-away naming the error), then close.
-            out = self.engine.data_to_send()
-            if out:
-                if self._capture is not None:
-                    self._capture.sent(out)
-                transport.writelines(out)
+        if transport is None:
+            return
+        out = self.engine.data_to_send()
+        if out and not transport.is_closing():
+            if self._capture is not None:
+                self._capture.sent(out)
+            transport.writelines(out)
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
             transport.close()
 
     async def aclose(self) -> None:

@@ -27,7 +27,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
 from polymux.aio.client import _ready
-from polymux.aio.server import Server
+from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, make_engine
@@ -262,6 +262,7 @@ async def serve_websocket(
     config: SessionConfig | None = None,
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     **options: Any,
 ) -> Server:
     """Serve sessions on WebSocket: each connection is a session whose incoming channels
@@ -278,10 +279,13 @@ async def serve_websocket(
     def make() -> MuxProtocol:
         return _make_mux(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    server = Server(make, session_handler)
+    server = Server(make, session_handler, max_connections)
 
     async def on_connection(ws: Connection) -> None:
         mux = server._make()
+        if not isinstance(mux, MuxProtocol):  # max_connections reached
+            await ws.close(1013, "polymux: too many connections")
+            return
         transport = _WebSocketTransport(ws, mux)
         mux.connection_made(transport)
         transport._start()

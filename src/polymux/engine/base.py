@@ -103,6 +103,12 @@ class Engine(ABC):
         """Whether :meth:`data_to_send` has anything."""
         return bool(self._out)
 
+    @property
+    def queued_frames(self) -> int:
+        """Chunks :meth:`data_to_send` would return (while the I/O layer cannot write, these
+        are control frames: answers, acknowledgements, resets; it bounds them)."""
+        return len(self._out)
+
     def _new_handle(self) -> int:
         handle = self._next_handle
         self._next_handle += 1

@@ -15,17 +15,31 @@ from collections import deque
 
 
 __all__ = [
+    "MIN_BUDGET_WINDOW",
     "UNLIMITED",
     "MessageCredit",
     "MessageWindow",
     "ReceiveWindow",
     "SendCredit",
+    "budget_window",
     "default_ack_threshold",
     "split_count",
 ]
 
 UNLIMITED = 1 << 62
 """Credit reported for a direction without flow control (e.g. MultiplexingStream v1)."""
+
+MIN_BUDGET_WINDOW = 64 * 1024
+"""The smallest receive window :func:`budget_window` gives a new channel."""
+
+
+def budget_window(configured: int, budget: int, granted: int, floor: int = MIN_BUDGET_WINDOW) -> int:
+    """The receive window for a new channel: ``configured`` while the windows already
+    granted on the session (``granted``) leave room in its memory ``budget``, shrinking
+    toward ``floor`` as they fill it (a quarter of the room left), so that many channels
+    together stay near the budget while few channels get full windows."""
+    room = budget - granted
+    return max(min(configured, floor), min(configured, room // 4))
 
 
 def default_ack_threshold(window: int, minimum: int) -> int:

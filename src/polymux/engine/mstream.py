@@ -38,7 +38,7 @@ from polymux.engine.events import (
     ReadingStopped,
     SessionReady,
 )
-from polymux.engine.flow import ReceiveWindow, SendCredit, default_ack_threshold
+from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import mstream as wire
 from polymux.wire.mstream import ControlCode as C
@@ -60,6 +60,14 @@ _CODE_NAMES: dict[int, str] = {
 
 DEFAULT_REMOTE_WINDOW = 5 * wire.MAX_PAYLOAD
 """Window assumed for a v2/v3 peer that advertises none (the JS port's default)."""
+
+MAX_WINDOW = 2**32 - 1
+"""The largest receive window a peer may advertise; more (2^63 - 1 ...) is a protocol
+violation rather than an unlimited licence to send."""
+
+MAX_CHANNEL_ID = 2**53 - 1
+"""The largest channel id accepted: every reference can represent it exactly (the JS port
+keeps ids in a Number)."""
 
 
 class MStreamEngine(Engine):
@@ -84,7 +92,7 @@ class MStreamEngine(Engine):
         self.has_flow_control = version >= 2
         self.config = config or SessionConfig()
         self._decoder = wire.Decoder(version)
-        self._ack_threshold = default_ack_threshold(self.config.receive_window, self.config.ack_min)
+        self._granted = 0  # receive windows of live channels, summed (max_session_memory)
         # Wire-id bookkeeping: (local_origin, wire id) -> handle.
         self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
         self._next_local_id = 0  # 0: not ready yet (v1/v2 wait for the handshake)
@@ -179,6 +187,8 @@ class MStreamEngine(Engine):
         cid = frame.channel_id
         if cid is None:
             raise self._error(f"frame with code {frame.code} has no channel id")
+        if cid > MAX_CHANNEL_ID:
+            raise self._error(f"frame with code {frame.code} for channel id {cid}, beyond {MAX_CHANNEL_ID}")
         if self.version == 3:
             if frame.source == wire.ChannelSource.SEEDED:
                 raise self._error(f"frame for seeded channel {cid}, but no seeded channels are configured")
@@ -220,7 +230,9 @@ class MStreamEngine(Engine):
         elif code == C.OFFER_ACCEPTED:
             if not record.local_origin or record.accepted:
                 raise self._error(f"OfferAccepted for {record.describe()}, which is not our pending offer")
-            window = wire.decode_offer_accepted(self.version, frame.payload)
+            window = self._check_window(
+                wire.decode_offer_accepted(self.version, frame.payload), "OfferAccepted"
+            )
             if self.version >= 2:
                 record.send.window = DEFAULT_REMOTE_WINDOW if window is None else window
             record.accepted = True
@@ -253,7 +265,10 @@ class MStreamEngine(Engine):
                 record.remote_stopped_reading = True
                 events.append(ReadingStopped(handle))
         elif code == C.CHANNEL_WINDOW_ADJUST:
-            window = wire.decode_window_adjust(self.version, frame.payload)
+            window = self._check_window(
+                wire.decode_window_adjust(self.version, frame.payload), "WindowAdjust"
+            )
+            assert window is not None
             if record.send.set_window(window):
                 events.append(CreditAvailable(handle))
         elif code == C.CHANNEL_WINDOW_GROWTH_REQUEST and record.recv is not None and not record.remote_end:
@@ -268,6 +283,7 @@ class MStreamEngine(Engine):
             raise self._error(f"Offer reuses channel id {cid} (highest so far {self._max_remote_id})")
         self._max_remote_id = cid
         name, window = wire.decode_offer(self.version, frame.payload)
+        window = self._check_window(window, "Offer")
         handle = self._new_handle()
         record = ChannelRecord(
             handle=handle,
@@ -333,7 +349,7 @@ class MStreamEngine(Engine):
         )
         self._channels[handle] = record
         self._by_wire[(True, cid)] = record
-        window = self.config.receive_window if self.version >= 2 else None
+        window = record.recv.window if record.recv is not None else None
         self._send(C.OFFER, record, wire.encode_offer(self.version, name, window))
         return handle
 
@@ -343,7 +359,7 @@ class MStreamEngine(Engine):
         if record.local_origin or record.accepted:
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming offer")
         record.accepted = True
-        window = self.config.receive_window if self.version >= 2 else None
+        window = record.recv.window if record.recv is not None else None
         self._send(C.OFFER_ACCEPTED, record, wire.encode_offer_accepted(self.version, window))
 
     def reject_channel(self, channel: int) -> None:
@@ -402,10 +418,20 @@ class MStreamEngine(Engine):
             return None
         return DEFAULT_REMOTE_WINDOW if window is None else window
 
+    def _check_window(self, window: int | None, what: str) -> int | None:
+        if window is not None and window > MAX_WINDOW:
+            raise self._error(f"{what} advertises a window of {window} bytes, beyond {MAX_WINDOW}")
+        return window
+
     def _new_receive_window(self) -> ReceiveWindow | None:
+        """The window of a new channel: ``receive_window``, smaller once the session's
+        windows fill ``max_session_memory``."""
         if self.version == 1:
             return None
-        return ReceiveWindow(self.config.receive_window, self._ack_threshold)
+        config = self.config
+        window = budget_window(config.receive_window, config.max_session_memory, self._granted)
+        self._granted += window
+        return ReceiveWindow(window, default_ack_threshold(window, config.ack_min))
 
     def _header(self, code: int, record: ChannelRecord, length: int) -> bytes:
         source = None
@@ -424,5 +450,6 @@ class MStreamEngine(Engine):
         self._forget(record)
 
     def _forget(self, record: ChannelRecord) -> None:
-        self._channels.pop(record.handle, None)
+        if self._channels.pop(record.handle, None) is not None and record.recv is not None:
+            self._granted -= record.recv.window
         self._by_wire.pop((record.local_origin, record.wire_id), None)

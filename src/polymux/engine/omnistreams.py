@@ -55,7 +55,7 @@ from polymux.engine.events import (
     CreditAvailable,
     Event,
 )
-from polymux.engine.flow import MessageCredit, MessageWindow, split_count
+from polymux.engine.flow import MessageCredit, MessageWindow, budget_window, split_count
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import omnistreams as wire
 from polymux.wire.omnistreams import Kind
@@ -305,7 +305,14 @@ class OmnistreamsEngine(Engine):
                         f"chunkSize {announced!r} of stream {sid} must be an int in 1..{self.max_message - 2}"
                     )
                 chunk = announced
-        window = max(1, self.config.receive_window // chunk)
+        # The byte window fits the session's memory budget with the other streams'.
+        config = self.config
+        granted = sum(
+            r.recv.window * r.send.chunk
+            for r in self._channels.values()
+            if r.recv is not None and isinstance(r.send, MessageCredit)
+        )
+        window = max(1, budget_window(config.receive_window, config.max_session_memory, granted) // chunk)
         record = ChannelRecord(
             handle=self._new_handle(),
             wire_id=sid,
@@ -320,6 +327,9 @@ class OmnistreamsEngine(Engine):
         record.extra["meta"] = meta
         self._channels[record.handle] = record
         self._receivers[sid] = record
+        if len(raw) > config.max_name_bytes:
+            self.reject_channel(record.handle)  # metadata beyond max_name_bytes: refused
+            return
         events.append(ChannelOpened(record.handle, name))
 
     # -- commands -----------------------------------------------------------------------------

@@ -146,7 +146,10 @@ class YamuxEngine(Engine):
             if (stream_id % 2 == 1) == self.is_client:
                 raise self._error(f"SYN for stream {stream_id}, an id of our parity")
             record = self._new_record(stream_id, local=False)
-            if self.local_goaway:
+            # No new streams once either side said GoAway: refused (RST), the session goes
+            # on (hashicorp's own OpenStream does not check its GoAway, so a real peer may
+            # still send one).
+            if self.local_goaway or self.remote_goaway is not None:
                 self._send_flags(record, Flag.RST)
                 self._forget(record)
                 return
@@ -160,6 +163,11 @@ class YamuxEngine(Engine):
         if type_ == Type.WINDOW_UPDATE:
             if length:
                 was_blocked = record.send.available == 0
+                if record.send.available + length > wire.MAX_WINDOW:
+                    raise self._error(
+                        f"WindowUpdate of {length} for stream {stream_id} makes its window "
+                        f"{record.send.available + length}, beyond {wire.MAX_WINDOW}"
+                    )
                 record.send.grow(length)
                 if was_blocked:
                     events.append(CreditAvailable(handle))
@@ -282,7 +290,15 @@ class YamuxEngine(Engine):
             and self.now - epoch < 4 * self.rtt
             and recv.window < max_window
         ):
-            growth = min(recv.window, max_window - recv.window, self.config.window_budget - self._grown)
+            config = self.config
+            granted = len(self._channels) * wire.INITIAL_WINDOW + self._grown
+            growth = min(
+                recv.window,
+                max_window - recv.window,
+                config.window_budget - self._grown,
+                # Growth stays within the session's memory budget.
+                (config.max_session_memory - granted) // 2,
+            )
             if growth > 0:
                 recv.grow(growth, threshold=(recv.window + growth) // 2)
                 self._grown += growth

@@ -22,6 +22,7 @@ from polymux.exceptions import ProtocolError
 __all__ = [
     "HEADER",
     "INITIAL_WINDOW",
+    "MAX_WINDOW",
     "Decoder",
     "Flag",
     "Frame",
@@ -36,6 +37,9 @@ HEADER = struct.Struct(">BBHII")
 
 INITIAL_WINDOW = 256 * 1024
 """Every stream starts with this receive window in both directions."""
+
+MAX_WINDOW = 2**32 - 1
+"""A window is a u32 in every implementation: an update beyond it is a protocol error."""
 
 _VERSION = 0
 
