@@ -203,3 +203,20 @@ async def test_server_killed_mid_transfer(procs: Procs) -> None:
     assert all(re.match(r"channel \d: mstream-v3: .*(connection|session is closed)", e) for e in errors), (
         errors
     )
+
+
+async def test_serve_max_connections(procs: Procs) -> None:
+    """``serve --max-connections 1``: a second connection is dropped as it arrives, the
+    first is served."""
+    _server, addr = await serve(procs, "yamux", "--tcp", "127.0.0.1:0", "--max-connections", "1")
+    host, port = addr.rsplit(":", 1)
+    async with await polymux.connect(host, int(port), protocol="yamux") as session:
+        reader, writer = await session.open_channel("x")
+        writer.write(b"first")
+        assert await reader.readexactly(5) == b"first"  # served (the echo), so counted
+        r2, w2 = await asyncio.open_connection(host, int(port))
+        async with asyncio.timeout(10):
+            assert await r2.read() == b""  # dropped
+        w2.close()
+        writer.write_eof()
+        assert await reader.read() == b""

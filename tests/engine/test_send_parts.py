@@ -89,14 +89,21 @@ class _Mux:
         self.engine = make_engine("yamux")
         self.config = SessionConfig()
         self.wanted = 0
-        self._unsent = 0
+        self._unsent = self._held = 0
         self._unsent_limit = 1 << 40
+        self._unsent_cap = 2 * self.config.write_buffer_high
 
     def _want_send(self, channel: ChannelTransport) -> None:
         self.wanted += 1
 
     def _sent(self, n: int) -> None:
         self._unsent -= n
+
+    def _hold(self, n: int) -> None:
+        self._held += n
+
+    def _release(self, n: int) -> None:
+        self._held -= n
 
 
 def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:

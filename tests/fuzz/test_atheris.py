@@ -34,9 +34,11 @@ async def _run(harness: str, fmt: str, tmp: Path) -> tuple[int, str]:
         "--seed-corpus",
         f"-atheris_runs={RUNS[harness]}",
         "-max_len=1024",
-        # No per-input alarm: on the loaded CI machine libFuzzer's SIGALRM twice killed a
-        # healthy run (exit -14, no report); a hang is caught by the wait_for below.
-        "-timeout=0",
+        # A per-input alarm far beyond the whole run: on a loaded machine libFuzzer's
+        # SIGALRM killed healthy runs (exit -14 after "Done", or 77 "Timeout: 1s" with
+        # -timeout=0, which libFuzzer does not take as "off"); a hang is caught by the
+        # wait_for below.
+        "-timeout=600",
         "-rss_limit_mb=1024",
         f"-artifact_prefix={tmp}/crash-{harness}-{fmt}-",
         str(work),

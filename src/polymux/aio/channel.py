@@ -353,9 +353,13 @@ class ChannelTransport(asyncio.Transport):
             buf = self._buf = deque()
         buf.append(data)
         n = len(data)
-        self._buffered += n
+        old = self._buffered
+        self._buffered = new = old + n
         mux = self._mux
         mux._unsent += n
+        cap = mux._unsent_cap
+        if old < cap:
+            mux._hold(min(new, cap) - old)
         if not self._queued:  # queued: the scheduler will come to it (flush pending or paused)
             mux._want_send(self)
         if not self._protocol_paused and (self._buffered > self._high or mux._unsent > mux._unsent_limit):
@@ -462,9 +466,14 @@ class ChannelTransport(asyncio.Transport):
                 got += size_
             parts.append(run[0] if len(run) == 1 else b"".join(run))
             size += got
-        self._buffered -= size
-        self._mux._sent(size)
-        if self._protocol_paused and self._buffered <= self._low:
+        old = self._buffered
+        self._buffered = new = old - size
+        mux = self._mux
+        mux._sent(size)
+        cap = mux._unsent_cap
+        if new < cap:
+            mux._release(min(old, cap) - new)
+        if self._protocol_paused and new <= self._low:
             self._update_write_pause()
         return parts
 
@@ -547,7 +556,7 @@ class ChannelTransport(asyncio.Transport):
         reader = self._reader
         if reader is not None:
             self._unconsumed += n
-            self._mux._received(n)
+            self._mux._hold(n)
             buffer = reader._buffer
             if (
                 buffer
@@ -587,7 +596,7 @@ class ChannelTransport(asyncio.Transport):
         consumed = self._unconsumed - held
         if consumed > 0:
             self._unconsumed = held
-            self._mux._consumed(consumed)
+            self._mux._release(consumed)
             # Batched: one engine call per loop iteration, not per read (a reader of
             # 64-byte messages reads twice per message, thousands per iteration).
             self._ack_pending += consumed
@@ -645,7 +654,7 @@ class ChannelTransport(asyncio.Transport):
         fed = self._top_up(None)
         if self._unconsumed:
             n, self._unconsumed = self._unconsumed, 0
-            self._mux._consumed(n)
+            self._mux._release(n)
             self._mux._ack(self._handle, n)
         self._set_reading_paused(False)
         return fed
@@ -726,13 +735,15 @@ class ChannelTransport(asyncio.Transport):
         them, or it is finished: what its reader still holds is the application's)."""
         if self._unconsumed:
             n, self._unconsumed = self._unconsumed, 0
-            self._mux._consumed(n)
+            self._mux._release(n)
 
     def _drop_unsent(self) -> None:
         self._buf.clear()
         if self._buffered:
             n, self._buffered = self._buffered, 0
-            self._mux._sent(n)
+            mux = self._mux
+            mux._sent(n)
+            mux._release(min(n, mux._unsent_cap))
 
     def _peer_stopped_reading(self) -> None:
         self._write_error = ChannelClosedError(

@@ -108,13 +108,17 @@ class MuxProtocol(asyncio.Protocol):
         self._write_paused = False
         self._read_pausers = 0
         self._read_block = 0  # why reading is paused: _SLOW_READER | _CONTROLS | ...
-        # The memory budget: bytes received and not yet consumed by the application, and
-        # bytes the application wrote that are not sent yet, over all channels.
-        self._unread = 0
-        self._unsent = 0
+        # The memory budget (max_session_memory). _held: bytes received and not yet consumed
+        # by the application, plus bytes written and not yet sent, counted per channel up to
+        # twice its high-water mark (an application that ignores drain() owns the rest);
+        # over the budget, reading stops. _unsent: all unsent bytes; over half the budget,
+        # every writer's drain() blocks.
         budget = self.config.max_session_memory
-        self._unsent_limit = self._unread_limit = budget // 2  # over it: writers / reading pause ...
-        self._unsent_resume = self._unread_resume = budget // 4  # ... until it falls to this
+        self._held = 0
+        self._hold_limit, self._hold_resume = budget, budget * 3 // 4
+        self._unsent = 0
+        self._unsent_limit, self._unsent_resume = budget // 2, budget // 4
+        self._unsent_cap = 2 * self.config.write_buffer_high
         self._held_writers: set[ChannelTransport] = set()
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_mark = 0  # unsent socket bytes when the send_timeout clock (re)started
@@ -774,20 +778,20 @@ class MuxProtocol(asyncio.Protocol):
         logger.warning("%s", error)
         self._abort(error)
 
-    # Half the budget for each direction. Unsent bytes never pause reading: reading is
-    # what brings the credit that lets them go (an application that wrote 64 MiB at once
-    # would deadlock its own session); they block the writers' drain() instead.
+    # Bytes an application wrote beyond twice its channel's high-water mark (it ignored
+    # drain()) do not count towards pausing the reads: reading brings the credit that lets
+    # them go, so a session that wrote 64 MiB at once would otherwise deadlock itself.
 
-    def _received(self, n: int) -> None:
-        """A channel's reader got ``n`` bytes the application has not consumed yet."""
-        self._unread += n
-        if self._unread > self._unread_limit:
+    def _hold(self, n: int) -> None:
+        """``n`` more bytes held (received and unread, or written and unsent)."""
+        self._held += n
+        if self._held > self._hold_limit:
             self._block_reading(_BUDGET, True)
 
-    def _consumed(self, n: int) -> None:
-        """The application consumed (or a channel dropped) ``n`` unread bytes."""
-        self._unread -= n
-        if self._read_block & _BUDGET and self._unread <= self._unread_resume:
+    def _release(self, n: int) -> None:
+        """``n`` held bytes were consumed, sent or dropped."""
+        self._held -= n
+        if self._read_block & _BUDGET and self._held <= self._hold_resume:
             self._block_reading(_BUDGET, False)
 
     def _sent(self, n: int) -> None:

@@ -27,6 +27,7 @@ from polymux.apps.common import (
     listen,
     listening_on,
     parse_address,
+    parse_size,
     run as run_loop,
     session_options,
     two_way,
@@ -61,6 +62,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--echo", action="store_true", help="send every channel's bytes back (the default)")
     mode.add_argument("--discard", action="store_true", help="read and drop every channel's bytes")
     parser.add_argument("--quiet", action="store_true", help="no line per channel")
+    limits = parser.add_argument_group("limits (SECURITY.md)")
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="connections held at once; more are dropped as they arrive (default 1024)",
+    )
+    limits.add_argument(
+        "--max-session-memory",
+        type=parse_size,
+        metavar="BYTES",
+        help="per-connection budget of unread + unsent bytes, e.g. 32M (default 32 MiB)",
+    )
+    limits.add_argument(
+        "--handshake-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a new connection may take to complete its handshake (default 10)",
+    )
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -69,18 +90,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         address = parse_address(args.tcp, args.unix)
         options = session_options(args)
+        if args.max_session_memory is not None:
+            options["max_session_memory"] = args.max_session_memory
+        if args.handshake_timeout is not None:
+            options["handshake_timeout"] = args.handshake_timeout
         polymux.SessionConfig.from_options(**options)
+        if args.max_connections <= 0:
+            raise ValueError(f"--max-connections must be positive, got {args.max_connections}")
     except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     if args.quiet:
         logger.setLevel(logging.WARNING)
+    mode = "discard" if args.discard else "echo"
     return run_loop(
-        _serve(args.protocol, address, "discard" if args.discard else "echo", options), use_uvloop=args.uvloop
+        _serve(args.protocol, address, mode, options, args.max_connections), use_uvloop=args.uvloop
     )
 
 
-async def _serve(protocol: str, address: Address, mode: str, options: dict[str, object]) -> int:
+async def _serve(
+    protocol: str, address: Address, mode: str, options: dict[str, object], max_connections: int = 1024
+) -> int:
     loop = asyncio.get_running_loop()
     if mode == "echo" and not two_way(protocol):
         print(
@@ -128,7 +158,14 @@ async def _serve(protocol: str, address: Address, mode: str, options: dict[str, 
         logger.info("session from %s (%s)", _fmt_peer(session.get_extra_info("peername") or "unix"), protocol)
 
     try:
-        server = await listen(address, handle, protocol, session_handler=session_opened, **options)
+        server = await listen(
+            address,
+            handle,
+            protocol,
+            session_handler=session_opened,
+            max_connections=max_connections,
+            **options,
+        )
     except OSError as exc:
         print(f"polymux serve: cannot listen on {address}: {exc}", file=sys.stderr, flush=True)
         return 1
