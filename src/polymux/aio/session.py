@@ -101,7 +101,8 @@ class MuxProtocol(asyncio.Protocol):
         self._eof_written = False
         self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._keepalive: asyncio.Task[None] | None = None
-        self._open_timers: dict[int, asyncio.TimerHandle] = {}
+        self._open_timers: dict[int, asyncio.TimerHandle] = {}  # our yamux opens not yet ACKed
+        self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
         self._capture: CaptureSink | None = None
         self._last_activity = self.loop.time()  # last byte received, or last channel gone
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -303,6 +304,7 @@ class MuxProtocol(asyncio.Protocol):
         for timer in self._open_timers.values():
             timer.cancel()
         self._open_timers.clear()
+        self._wake_openers(everyone=True)
         if self._error is not None:
             cause: BaseException | None = self._error
             error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
@@ -375,9 +377,7 @@ class MuxProtocol(asyncio.Protocol):
         elif isinstance(event, ev.ChannelOpened):
             self._on_offer(event.channel, event.name)
         elif isinstance(event, ev.ChannelAccepted):
-            timer = self._open_timers.pop(event.channel, None)
-            if timer is not None:
-                timer.cancel()
+            self._open_settled(event.channel)
             channel = self._channels.get(event.channel)
             fut = self._offers.pop(event.channel, None)
             if channel is not None:
@@ -422,6 +422,7 @@ class MuxProtocol(asyncio.Protocol):
             # The peer's go-away: no new channels; open ones may finish. One that reports
             # an error ends the session (as hashicorp's handleGoAway does).
             self._peer_goaway = f"the peer is going away ({event.message})"
+            self._wake_openers(everyone=True)  # opens waiting for room fail now
             if event.code:
                 self._abort(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
         elif isinstance(event, ev.PingAcked):
@@ -602,9 +603,7 @@ class MuxProtocol(asyncio.Protocol):
         return channel
 
     def _channel_done(self, channel: ChannelTransport) -> None:
-        timer = self._open_timers.pop(channel._handle, None)
-        if timer is not None:
-            timer.cancel()
+        self._open_settled(channel._handle)
         if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
             self._inbound -= 1
         self._last_activity = self.loop.time()
@@ -663,6 +662,8 @@ class MuxProtocol(asyncio.Protocol):
         """Offer a channel and wait until the peer accepts it (``metadata``: extra keys of
         omnistreams creation metadata)."""
         await self.ready
+        if self._open_room or len(self._open_timers) >= self.config.max_unacked_opens:
+            await self._room_to_open()
         self._check_open()
         config = self.config
         if len(self._channels) >= config.max_channels:
@@ -703,9 +704,55 @@ class MuxProtocol(asyncio.Protocol):
             raise
         return channel
 
+    async def _room_to_open(self) -> None:
+        """yamux: wait, in order, until fewer than ``max_unacked_opens`` of our opens await
+        the peer's ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its
+        accept backlog), at most ``stream_open_timeout``."""
+        config = self.config
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        self._open_room.append(waiter)
+        try:
+            async with asyncio.timeout(config.stream_open_timeout):
+                while True:
+                    await waiter
+                    if len(self._open_timers) < config.max_unacked_opens or self._closing or self._peer_goaway:
+                        return  # room, or _check_open() says why not
+                    waiter = self.loop.create_future()
+                    self._open_room.appendleft(waiter)  # woken for a slot another took: keep our place
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_openers()  # we were given room and leave: pass it on
+            elif waiter in self._open_room:
+                self._open_room.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise LimitExceeded(
+                    f"{self.engine.format}: {len(self._open_timers)} opened channels are still waiting "
+                    f"for the peer's acknowledgement (max_unacked_opens={config.max_unacked_opens}); "
+                    f"no room within stream_open_timeout={config.stream_open_timeout:g} s"
+                ) from None
+            raise
+
+    def _wake_openers(self, everyone: bool = False) -> None:
+        """Wake as many waiting opens as there is room for (``everyone``: all of them)."""
+        room = len(self._open_room) if everyone else self.config.max_unacked_opens - len(self._open_timers)
+        while room > 0 and self._open_room:
+            waiter = self._open_room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                room -= 1
+
+    def _open_settled(self, handle: int) -> None:
+        """Our open of ``handle`` was acknowledged, or the channel ended: stop its timer and
+        make room for a waiting open."""
+        timer = self._open_timers.pop(handle, None)
+        if timer is not None:
+            timer.cancel()
+            if self._open_room:
+                self._wake_openers()
+
     def _open_timed_out(self, channel: ChannelTransport) -> None:
         """The peer never acknowledged a stream we opened: reset it."""
-        self._open_timers.pop(channel._handle, None)
+        self._open_settled(channel._handle)
         if channel._done:
             return
         self._reset_channel(channel, None)
