@@ -81,16 +81,18 @@ class SessionConfig:
 
     stream_open_timeout: float = 75.0
     """Seconds an opened stream may wait for the peer's acknowledgement before it is
-    reset (yamux; hashicorp's default). Also the longest ``open_channel`` waits for room
-    under ``max_unacked_opens``."""
+    reset (yamux; hashicorp's default). It also bounds how long ``open_channel`` waits for
+    room under ``max_unacked_opens``."""
 
     max_unacked_opens: int = 256
-    """yamux: channels we opened that the peer has not acknowledged yet. ``open_channel``
-    waits for room beyond it (in order, at most ``stream_open_timeout``, then
-    :class:`~polymux.exceptions.LimitExceeded`), as hashicorp/yamux's own ``OpenStream``
-    does. The default is hashicorp/yamux's accept backlog (256): a hashicorp peer resets
-    every new stream that finds 256 streams waiting for its ``Accept()``, so opening more
-    at once would lose some. Raise it only for peers with a larger backlog."""
+    """yamux: channels we opened that the peer has not acknowledged yet. Beyond it,
+    ``open_channel`` waits (in order) until the peer acknowledges one, as hashicorp/yamux's
+    own ``OpenStream`` does. If an open is not acknowledged within ``stream_open_timeout``
+    instead, it is reset and the first waiting ``open_channel`` raises
+    :class:`~polymux.exceptions.LimitExceeded`. The default is hashicorp/yamux's accept
+    backlog (256): a hashicorp peer resets every new stream that finds 256 streams waiting
+    for its ``Accept()``, so opening more at once would lose some. Raise it only for peers
+    with a larger backlog."""
 
     # -- Streamux ---------------------------------------------------------------------------
 

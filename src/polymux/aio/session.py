@@ -707,29 +707,24 @@ class MuxProtocol(asyncio.Protocol):
     async def _room_to_open(self) -> None:
         """yamux: wait, in order, until fewer than ``max_unacked_opens`` of our opens await
         the peer's ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its
-        accept backlog), at most ``stream_open_timeout``."""
-        config = self.config
+        accept backlog). Bounded: the oldest open times out within ``stream_open_timeout``,
+        and a slot freed that way fails the first waiting open (``_open_settled``)."""
+        limit = self.config.max_unacked_opens
         waiter: asyncio.Future[None] = self.loop.create_future()
         self._open_room.append(waiter)
         try:
-            async with asyncio.timeout(config.stream_open_timeout):
-                while True:
-                    await waiter
-                    if len(self._open_timers) < config.max_unacked_opens or self._closing or self._peer_goaway:
-                        return  # room, or _check_open() says why not
-                    waiter = self.loop.create_future()
-                    self._open_room.appendleft(waiter)  # woken for a slot another took: keep our place
-        except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
+            while True:
+                await waiter
+                if len(self._open_timers) < limit or self._closing or self._peer_goaway:
+                    return  # room, or _check_open() says why not
+                waiter = self.loop.create_future()
+                self._open_room.appendleft(waiter)  # woken for a slot another took: keep our place
+        except BaseException:
+            if not waiter.done() or waiter.cancelled():
+                if waiter in self._open_room:
+                    self._open_room.remove(waiter)
+            elif waiter.exception() is None:
                 self._wake_openers()  # we were given room and leave: pass it on
-            elif waiter in self._open_room:
-                self._open_room.remove(waiter)
-            if isinstance(exc, TimeoutError):
-                raise LimitExceeded(
-                    f"{self.engine.format}: {len(self._open_timers)} opened channels are still waiting "
-                    f"for the peer's acknowledgement (max_unacked_opens={config.max_unacked_opens}); "
-                    f"no room within stream_open_timeout={config.stream_open_timeout:g} s"
-                ) from None
             raise
 
     def _wake_openers(self, everyone: bool = False) -> None:
@@ -741,18 +736,32 @@ class MuxProtocol(asyncio.Protocol):
                 waiter.set_result(None)
                 room -= 1
 
-    def _open_settled(self, handle: int) -> None:
+    def _open_settled(self, handle: int, timed_out: bool = False) -> None:
         """Our open of ``handle`` was acknowledged, or the channel ended: stop its timer and
-        make room for a waiting open."""
+        make room for a waiting open. ``timed_out``: the peer never acknowledged it, so the
+        first waiting open fails instead (a peer that does not accept would reset it too)."""
         timer = self._open_timers.pop(handle, None)
-        if timer is not None:
-            timer.cancel()
-            if self._open_room:
-                self._wake_openers()
+        if timer is None:
+            return
+        timer.cancel()
+        while timed_out and self._open_room:
+            waiter = self._open_room.popleft()
+            if not waiter.done():
+                config = self.config
+                waiter.set_exception(
+                    LimitExceeded(
+                        f"{self.engine.format}: no room to open a channel: max_unacked_opens="
+                        f"{config.max_unacked_opens} opened channels await the peer's acknowledgement, "
+                        f"and one was not acknowledged within stream_open_timeout={config.stream_open_timeout:g} s"
+                    )
+                )
+                return
+        if self._open_room:
+            self._wake_openers()
 
     def _open_timed_out(self, channel: ChannelTransport) -> None:
         """The peer never acknowledged a stream we opened: reset it."""
-        self._open_settled(channel._handle)
+        self._open_settled(channel._handle, timed_out=True)
         if channel._done:
             return
         self._reset_channel(channel, None)
