@@ -61,7 +61,11 @@ class AckingPeer:
 
     def syns(self) -> list[int]:
         """Stream ids polymux opened, in order."""
-        return [f.stream_id for f in self.frames if f.type in (Type.DATA, Type.WINDOW_UPDATE) and f.flags & Flag.SYN]
+        return [
+            f.stream_id
+            for f in self.frames
+            if f.type in (Type.DATA, Type.WINDOW_UPDATE) and f.flags & Flag.SYN
+        ]
 
     def send(self, frame: bytes) -> None:
         assert self.writer is not None
@@ -114,7 +118,8 @@ async def test_a_peer_that_never_acknowledges_fails_the_waiting_open() -> None:
         pairs = [await asyncio.wait_for(session.open_channel(), 1) for _ in range(2)]
         started = time.monotonic()
         with pytest.raises(
-            polymux.LimitExceeded, match=r"max_unacked_opens=2 .*not acknowledged within stream_open_timeout=0.4 s"
+            polymux.LimitExceeded,
+            match=r"max_unacked_opens=2 .*not acknowledged within stream_open_timeout=0.4 s",
         ):
             await asyncio.wait_for(session.open_channel(), 5)
         assert 0.35 <= time.monotonic() - started < 3

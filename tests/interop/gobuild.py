@@ -51,7 +51,9 @@ def cache_dir() -> Path:
 def _go() -> str:
     go = shutil.which("go") or ("/usr/lib/go/bin/go" if os.path.exists("/usr/lib/go/bin/go") else None)
     if go is None:
-        raise GoUnavailable(f"the Go reference peers need the Go toolchain (`go` is not on PATH): {INSTALL_HINT}")
+        raise GoUnavailable(
+            f"the Go reference peers need the Go toolchain (`go` is not on PATH): {INSTALL_HINT}"
+        )
     return go
 
 
@@ -59,7 +61,9 @@ def _digest(name: str, go: str) -> str:
     library, package = LIBRARIES[name]
     lib_dir = GOPATH / "src" / library
     if not lib_dir.is_dir():
-        raise GoUnavailable(f"{library} is missing under {GOPATH}/src (Debian package {package}): {INSTALL_HINT}")
+        raise GoUnavailable(
+            f"{library} is missing under {GOPATH}/src (Debian package {package}): {INSTALL_HINT}"
+        )
     h = hashlib.sha256()
     version = subprocess.run([go, "version"], check=True, capture_output=True, text=True, timeout=60)
     h.update(version.stdout.encode())

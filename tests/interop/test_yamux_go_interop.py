@@ -107,12 +107,16 @@ async def _echo(session: polymux.Session, i: int, size: int) -> None:
 
 
 async def _go_server(go_yamux_peer: Path, transport: str, *args: str) -> PeerProcess:
-    return await start_peer(go_yamux_peer, "--listen", *_where(transport), "--mode", "responder", *args, watchdog=180)
+    return await start_peer(
+        go_yamux_peer, "--listen", *_where(transport), "--mode", "responder", *args, watchdog=180
+    )
 
 
 @pytest.mark.parametrize(("channels", "size"), SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-async def test_polymux_client_go_server(go_yamux_peer: Path, transport: str, channels: int, size: int) -> None:
+async def test_polymux_client_go_server(
+    go_yamux_peer: Path, transport: str, channels: int, size: int
+) -> None:
     """polymux (the client) opens every stream at once and closes with GoAway(normal)."""
     go = await _go_server(go_yamux_peer, transport)
     try:
@@ -363,7 +367,9 @@ async def _go_client(go_yamux_peer: Path, where: list[str], *args: str) -> dict[
 
 @pytest.mark.parametrize(("channels", "size"), SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-async def test_go_client_polymux_server(go_yamux_peer: Path, transport: str, channels: int, size: int) -> None:
+async def test_go_client_polymux_server(
+    go_yamux_peer: Path, transport: str, channels: int, size: int
+) -> None:
     """The Go library (the client) opens every stream; a polymux server responds."""
     server, where = await _serve(respond, transport)
     async with server:
