@@ -36,19 +36,29 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(240)]
 MIB = 1 << 20
 SHAPES = [(16, MIB), (64, 4 * MIB), (256, 64 * 1024), (1, 64 * MIB), (8, 0)]
 SHAPE_IDS = [f"{n}x{size}" for n, size in SHAPES]
-QUIET = ("frame for missing stream", "Discarding data for stream", "backlog exceeded", "[ERR]", "[WARN]")
-"""The hashicorp/yamux log lines no case may cause (unless it is about them)."""
+CROSSED = "frame for missing stream: Vsn:0 Type:1 Flags:0 "
+"""The Go peer's count of pure window updates that reached hashicorp/yamux after it had closed
+the stream both ways: an update we sent before its FIN reached us (the two crossed on the
+wire). Nothing can prevent that (docs/yamux-smux-interop.md); an update sent after we had
+processed the FIN is another matter (tests/aio/test_yamux_stale_credit.py)."""
 
 
 def _where(transport: str) -> list[str]:
     return ["--tcp", "0"] if transport == "tcp" else ["--unix", unix_path()]
 
 
-def _quiet(result: dict[str, object], *allowed: str) -> None:
-    """hashicorp/yamux logged none of its warnings (except ``allowed``)."""
+def _quiet(result: dict[str, object], *allowed: str, crossed: bool = False) -> None:
+    """hashicorp/yamux logged none of its warnings (except ``allowed``; with ``crossed``,
+    window updates that crossed a stream's FIN)."""
     log = result.get("yamux_log")
     assert isinstance(log, dict), result
-    noisy = {k: v for k, v in log.items() if k not in allowed and not (k == "[WARN]" and allowed)}
+    pure = log.get(CROSSED, 0) if crossed else 0
+    counts = {k: v - (pure if k in ("[WARN]", "frame for missing stream") else 0) for k, v in log.items()}
+    noisy = {
+        k: v
+        for k, v in counts.items()
+        if v and k != CROSSED and k not in allowed and not (k == "[WARN]" and allowed)
+    }
     assert not noisy, f"hashicorp/yamux logged {noisy}"
 
 
@@ -132,7 +142,7 @@ async def test_polymux_client_go_server(
     assert result["unfinished"] == [], result
     assert result["remote_goaway"] == 0, result  # our aclose() said GoAway(normal)
     assert result["remote_pings"] >= 1, result
-    _quiet(result)
+    _quiet(result, crossed=True)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
@@ -171,7 +181,7 @@ async def test_polymux_client_behaviours(go_yamux_peer: Path, transport: str) ->
         await go.aclose()
     assert result["ok"] is True, result
     assert result["handled"] == {"halfclose": 1, "big": 1, "reset": 1, "reset_seen": 1}, result
-    _quiet(result)
+    _quiet(result, crossed=True)
 
 
 async def _burst(

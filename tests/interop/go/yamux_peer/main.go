@@ -69,7 +69,8 @@
 //   - OpenStream blocks while AcceptBacklog (256) opened streams are un-ACKed; AcceptStream
 //     sends the ACK (a WindowUpdate with ACK). Session.Close() sends no GoAway.
 //   - A frame for a stream it has closed in both directions is logged ("frame for missing
-//     stream") and ignored.
+//     stream") and ignored. A window update can cross the stream's FIN on the wire (the
+//     peer sent it before it read the FIN): the summary counts those separately.
 package main
 
 import (
@@ -105,8 +106,11 @@ var (
 	noTap       = false
 )
 
+// libWatch: the library's log lines the summary counts. The second is the part of the first
+// that is a pure window update (no flags): one that crossed the stream's FIN on the wire.
 var libWatch = []string{
 	"frame for missing stream",
+	"frame for missing stream: Vsn:0 Type:1 Flags:0 ",
 	"Discarding data for stream",
 	"backlog exceeded",
 	"[ERR]",
