@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -86,6 +87,7 @@ def build(name: str) -> Path:
     out_dir = cache_dir()
     binary = out_dir / f"{name}-{_digest(name, go)}"
     if binary.exists():
+        os.utime(binary)  # in use: _prune keeps it
         return binary
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {
@@ -115,4 +117,17 @@ def build(name: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _prune(out_dir, name, binary)
     return binary
+
+
+STALE_DAYS = 7
+
+
+def _prune(out_dir: Path, name: str, keep: Path) -> None:
+    """Remove other builds of ``name`` unused for STALE_DAYS days (other checkouts sharing
+    the cache may still use recent ones)."""
+    cutoff = time.time() - STALE_DAYS * 86400
+    for old in out_dir.glob(f"{name}-*"):
+        if old != keep and old.is_file() and old.stat().st_mtime < cutoff:
+            old.unlink(missing_ok=True)
