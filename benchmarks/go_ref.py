@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks.common import SETUP_TIMEOUT, BenchError
+from benchmarks.common import SETUP_TIMEOUT, BenchError, reap
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,8 +106,4 @@ async def go_bulk(
             raise BenchError(f"the Go {fmt} sender failed: {str(summary)[:300]}")
         return float(summary["mib_per_s"])
     finally:
-        for proc in (driver, listener):
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-            if proc is not None:
-                await proc.wait()
+        await reap(driver, listener)

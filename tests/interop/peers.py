@@ -25,6 +25,25 @@ def pattern(index: int, size: int) -> bytes:
     )
 
 
+async def echo_through(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes, piece: int = 64 * 1024
+) -> bytes:
+    """Write ``data`` in ``piece``-byte writes (draining after each) and half-close, while
+    reading everything the peer sends back until its end; return what came back."""
+
+    async def send() -> None:
+        view = memoryview(data)
+        for off in range(0, len(data), piece):
+            writer.write(view[off : off + piece])
+            await writer.drain()
+        writer.write_eof()
+
+    sender = asyncio.create_task(send())
+    received = await reader.read(-1)
+    await sender
+    return received
+
+
 def offer_filter(name: str) -> bool:
     """Reject ``reject/`` offers, accept the rest."""
     return not name.startswith("reject/")

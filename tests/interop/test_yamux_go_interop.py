@@ -28,7 +28,7 @@ import pytest
 
 import polymux
 
-from .peers import PeerProcess, pattern, start_peer, unix_path
+from .peers import PeerProcess, echo_through, pattern, start_peer, unix_path
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(240)]
@@ -101,17 +101,7 @@ async def _echo(session: polymux.Session, i: int, size: int) -> None:
     """``echo/<i>``: send ``size`` pattern bytes in 64 KiB writes, half-close, read the echo."""
     reader, writer = await _open(session, f"echo/{i}")
     data = pattern(i, size)
-
-    async def send() -> None:
-        view = memoryview(data)
-        for off in range(0, len(data), 64 * 1024):
-            writer.write(view[off : off + 64 * 1024])
-            await writer.drain()
-        writer.write_eof()
-
-    sender = asyncio.create_task(send())
-    received = await reader.read(-1)
-    await sender
+    received = await echo_through(reader, writer, data)
     assert received == data, f"echo/{i}: {len(received)} bytes back of {size}"
     await _finish_writer(writer)
 
