@@ -81,8 +81,9 @@ def build(name: str) -> Path:
     Raises :class:`GoUnavailable` with how to install what is missing, or with the
     compiler's output.
     """
-    if name not in LIBRARIES:
-        raise ValueError(f"unknown Go peer {name!r}; known: {', '.join(LIBRARIES)}")
+    if name not in LIBRARIES or not (GO_DIR / name).is_dir():
+        known = ", ".join(n for n in LIBRARIES if (GO_DIR / n).is_dir())
+        raise ValueError(f"no Go peer {name!r} under {GO_DIR}; there are: {known}")
     go = _go()
     out_dir = cache_dir()
     binary = out_dir / f"{name}-{_digest(name, go)}"
