@@ -54,6 +54,15 @@ def cpu_pair() -> tuple[int, int] | None:
     return (cpus[0], cpus[-1]) if len(cpus) >= 2 else None
 
 
+async def reap(*procs: asyncio.subprocess.Process | None) -> None:
+    """Kill the reference peer processes that still run, and wait for each."""
+    for proc in procs:
+        if proc is not None:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
 def pin(cpu: int | None) -> None:
     """Pin the calling process to ``cpu`` (None: leave it where it is)."""
     if cpu is not None:

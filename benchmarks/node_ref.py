@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from benchmarks.common import MIB, SETUP_TIMEOUT, BenchError
+from benchmarks.common import MIB, SETUP_TIMEOUT, BenchError, reap
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +103,4 @@ async def node_bulk(fmt: str, size: int, time_limit: float, cpus: tuple[int, int
         ms = summary["ms"] if fmt.startswith("mstream-v") else summary["big"]["ms"]
         return size / MIB / (max(ms, 1) / 1000)
     finally:
-        for proc in (driver, listener):
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-            if proc is not None:
-                await proc.wait()
+        await reap(driver, listener)

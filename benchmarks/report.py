@@ -13,6 +13,8 @@ from benchmarks.common import RAW_PROTOCOL, RAW_STREAMS, Row
 
 
 NODE_SUFFIX = ">node"
+GO_SUFFIX = ">go"
+"""Rows of a format's Go library, Go to Go (``<format>>go``)."""
 
 TARGETS: list[tuple[str, str, list[str], float, str]] = [
     # (scenario, case, formats, minimum ratio, wording)
@@ -133,7 +135,7 @@ def _targets(rows: list[Row], rat: dict[int, float | None]) -> list[str]:
         for r in rows:
             if r.scenario != scenario or r.case != case or r.baseline != RAW_STREAMS:
                 continue
-            if r.stack.endswith(NODE_SUFFIX) or r.stack == RAW_PROTOCOL:
+            if r.stack.endswith((NODE_SUFFIX, GO_SUFFIX)) or r.stack == RAW_PROTOCOL:
                 continue
             if formats and r.stack not in formats:
                 continue
@@ -143,19 +145,24 @@ def _targets(rows: list[Row], rat: dict[int, float | None]) -> list[str]:
                 f"| {wording} | {r.loop} | {r.transport} | {r.stack} "
                 f"| {'-' if ratio is None else f'{ratio:.2f}x'} | {met} |"
             )
-    # Ahead of Node: polymux bulk 1 ch vs the Node row of the same format, loop, transport.
-    bulk = {(r.loop, r.transport, r.stack): r for r in rows if r.scenario == "bulk" and r.case == "1 ch"}
-    for (loop, transport, stack), r in bulk.items():
-        if not stack.endswith(NODE_SUFFIX):
+    # polymux against the reference implementations of its formats, bulk, same run: Node
+    # (1 channel: ahead of it) and the Go library (every channel count: at least as fast).
+    bulk = {(r.loop, r.transport, r.case, r.stack): r for r in rows if r.scenario == "bulk"}
+    for (loop, transport, case, stack), r in bulk.items():
+        if stack.endswith(NODE_SUFFIX) and case == "1 ch":
+            fmt, target = stack[: -len(NODE_SUFFIX)], "bulk 1 ch ahead of the Node reference (polymux / Node)"
+        elif stack.endswith(GO_SUFFIX):
+            fmt, target = stack[: -len(GO_SUFFIX)], f"bulk {case}: polymux / the Go library (>= 1x)"
+        else:
             continue
-        fmt = stack[: -len(NODE_SUFFIX)]
-        mine = bulk.get((loop, transport, fmt))
+        mine = bulk.get((loop, transport, case, fmt))
         if mine is None or mine.median is None or not r.median:
             continue
         ratio = mine.median / r.median
+        met = ratio > 1 if stack.endswith(NODE_SUFFIX) else ratio >= 1
         out.append(
-            f"| bulk 1 ch ahead of the Node reference (polymux / Node) | {loop} | {transport} | {fmt} "
-            f"| {ratio:.2f}x ({mine.median:,.0f} vs {r.median:,.0f} MiB/s) | {'yes' if ratio > 1 else '**no**'} |"
+            f"| {target} | {loop} | {transport} | {fmt} "
+            f"| {ratio:.2f}x ({mine.median:,.0f} vs {r.median:,.0f} MiB/s) | {'yes' if met else '**no**'} |"
         )
     for r in rows:
         if r.scenario == "scale" and r.values:
@@ -208,7 +215,9 @@ def plots(out: Path, rows: list[Row]) -> list[Path]:
             for stack, pts in sorted(stacks.items()):
                 pts.sort()
                 style = (
-                    "--" if stack in (RAW_STREAMS, RAW_PROTOCOL) else (":" if NODE_SUFFIX in stack else "-")
+                    "--"
+                    if stack in (RAW_STREAMS, RAW_PROTOCOL)
+                    else (":" if NODE_SUFFIX in stack else "-." if GO_SUFFIX in stack else "-")
                 )
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=stack)
             ax.set_xscale("log", base=2)

@@ -34,6 +34,7 @@ from benchmarks.common import (
     loop_factory,
     pin,
 )
+from benchmarks.go_ref import GO_FORMATS, go_available, go_bulk
 from benchmarks.node_ref import NODE_FORMATS, node_available, node_bulk
 from benchmarks.peer import Peer
 
@@ -118,6 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-counts", type=_ints, help="idle channel counts (quick 1000, full 10000,100000)")
     p.add_argument("--slow-mib", type=int, help="MiB sent into the slow reader (quick 4, full 64)")
     p.add_argument("--no-node", action="store_true", help="no Node reference rows even if node is present")
+    p.add_argument("--no-go", action="store_true", help="no Go reference rows even if Go is present")
     p.add_argument(
         "--no-pin",
         action="store_true",
@@ -198,6 +200,26 @@ async def run_combo(
                         x=1,
                     )
                     jobs.append(Job(r, lambda fmt=fmt: node_bulk(fmt, len(payload), b.time_limit, args.cpus)))
+        if "bulk" in want and transport == "tcp" and loop == node_loop and args.go_rows:
+            # The Go library of the format, Go to Go, at every channel count (likewise once).
+            for fmt in fmts:
+                if fmt not in GO_FORMATS:
+                    continue
+                for n in b.bulk_channels:
+                    r = Row(
+                        "bulk",
+                        f"{n} ch",
+                        fmt + report.GO_SUFFIX,
+                        loop,
+                        transport,
+                        "MiB/s",
+                        baseline=RAW_STREAMS,
+                        extra={"channels": n, "note": "Go to Go, the Go library deployed systems use"},
+                        x=n,
+                    )
+                    jobs.append(
+                        Job(r, lambda fmt=fmt, n=n: go_bulk(fmt, len(payload), n, b.time_limit, args.cpus))
+                    )
     if "messages" in want:
         jobs += sc.message_jobs(peer, loop, transport, fmts, list(b.message_sizes), b.messages)
     if "rr" in want:
@@ -245,6 +267,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         import uvloop
 
         versions["uvloop"] = uvloop.__version__
+    # Go rows: built (once per source change) before anything is timed.
+    wants_go = not args.no_go and "bulk" in args.scenarios and bool(set(args.formats) & set(GO_FORMATS))
+    go_missing = go_available() if wants_go else None
+    args.go_rows = wants_go and go_missing is None
     meta: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m benchmarks " + shlex.join(argv),
@@ -256,8 +282,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "formats": args.formats,
         "scenarios": args.scenarios,
         "node": None if args.no_node else (node_available() or "used for bulk 1 ch (tcp)"),
+        "go": "used for bulk (tcp)" if args.go_rows else go_missing,
         "tracing": "included" if tracing_available() else "TODO: polymux.tracing.CaptureRecorder not found",
     }
+    if go_missing is not None:
+        meta["notes"] = [f"no Go reference rows: {go_missing}"]
     if not args.quiet:
         print(f"polymux benchmarks ({meta['mode']}): {meta['machine']}; {meta['versions']}", flush=True)
     rows: list[Row] = []

@@ -86,7 +86,18 @@ class SessionConfig:
 
     stream_open_timeout: float = 75.0
     """Seconds an opened stream may wait for the peer's acknowledgement before it is
-    reset (yamux; hashicorp's default)."""
+    reset (yamux; hashicorp's default). It also bounds how long ``open_channel`` waits for
+    room under ``max_unacked_opens``."""
+
+    max_unacked_opens: int = 256
+    """yamux: channels we opened that the peer has not acknowledged yet. Beyond it,
+    ``open_channel`` waits (in order) until the peer acknowledges one, as hashicorp/yamux's
+    own ``OpenStream`` does. If an open is not acknowledged within ``stream_open_timeout``
+    instead, it is reset and the first waiting ``open_channel`` raises
+    :class:`~polymux.exceptions.LimitExceeded`. The default is hashicorp/yamux's accept
+    backlog (256): a hashicorp peer resets every new stream that finds 256 streams waiting
+    for its ``Accept()``, so opening more at once would lose some. Raise it only for peers
+    with a larger backlog."""
 
     # -- Streamux ---------------------------------------------------------------------------
 
@@ -201,7 +212,7 @@ class SessionConfig:
             raise ValueError(
                 f"SessionConfig.max_message_size must be a positive int, got {self.max_message_size!r}"
             )
-        for name in ("send_frame", "max_inbound_channels", "max_outbound_channels"):
+        for name in ("send_frame", "max_inbound_channels", "max_outbound_channels", "max_unacked_opens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")

@@ -150,3 +150,39 @@ def test_node_reference_rows_move_the_bytes() -> None:
 
     rates = asyncio.run(both())
     assert all(r > 0 for r in rates), rates
+
+
+def test_go_reference_rows_move_the_bytes() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.go_ref import go_available, go_bulk
+    finally:
+        sys.path.remove(str(ROOT))
+    assert go_available() is None, go_available()  # scripts/setup --with-system
+
+    async def both() -> list[float]:
+        async with asyncio.timeout(60):
+            return [await go_bulk("yamux", 1 << 20, n, 30.0) for n in (1, 4)]
+
+    rates = asyncio.run(both())
+    assert all(r > 0 for r in rates), rates
+
+
+def test_the_suite_reports_polymux_against_the_go_library(tmp_path: Path) -> None:
+    """yamux bulk rows come with hashicorp/yamux Go-to-Go rows of the same run, at every
+    channel count, and a polymux / Go line each in the targets."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--formats", "yamux", "--scenarios", "bulk", "--loops", "asyncio",
+         "--transports", "tcp", "--bulk-mib", "1", "--bulk-channels", "1,4", "--repeat", "1", "--no-node",
+         "-q", "--out", str(tmp_path)],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    go_rows = {r["case"]: r for r in data["rows"] if r["stack"] == "yamux>go"}
+    assert set(go_rows) == {"1 ch", "4 ch"}, [r["stack"] for r in data["rows"]]
+    assert all(r["values"] and not r["errors"] for r in go_rows.values()), go_rows
+    assert data["meta"]["go"] == "used for bulk (tcp)"
+    md = (tmp_path / "results.md").read_text()
+    for case in ("1 ch", "4 ch"):
+        assert f"| bulk {case}: polymux / the Go library (>= 1x) | asyncio | tcp | yamux |" in md

@@ -377,6 +377,45 @@ def test_no_credit_is_returned_after_the_peer_finished() -> None:
     assert out(b) == b""  # the peer finished: credit would be pointless
 
 
+@pytest.mark.parametrize("end", ["fin", "rst"])
+def test_credit_due_is_dropped_when_the_peer_ends_the_stream_before_it_is_sent(end: str) -> None:
+    """The application consumed (credit is due) but the output was not taken yet (a full
+    socket); then the peer's FIN (we had sent ours: the stream is closed both ways) or RST
+    arrives. hashicorp/yamux would log "frame for missing stream" for the update."""
+    a, b = pair()
+    ha, hb = open_stream(a, b)
+    fill(b, hb)
+    pump(b, a)
+    assert a.end_channel(ha) is False
+    pump(a, b)  # our FIN went out
+    a.ack_consumed(ha, WINDOW)
+    assert a.has_output  # the update is due
+    a.receive_data(h(wu(1, F.FIN if end == "fin" else F.RST)))
+    assert not a.is_live(ha)
+    assert out(a) == b""  # no update for a stream the peer has closed
+
+
+def test_credit_due_for_a_stream_only_half_closed_by_us_still_goes_out() -> None:
+    a, b = pair()
+    ha, hb = open_stream(a, b)
+    fill(b, hb)
+    pump(b, a)
+    assert a.end_channel(ha) is False
+    pump(a, b)
+    a.ack_consumed(ha, WINDOW)
+    assert relay_raw(a, b) == (h(wu(1, 0, WINDOW)), [CreditAvailable(hb)])  # the peer still sends
+
+
+def test_credit_due_goes_out_as_one_update_per_stream() -> None:
+    a, b = pair()
+    ha, hb = open_stream(a, b)
+    fill(b, hb)
+    pump(b, a)
+    a.ack_consumed(ha, HALF)
+    a.ack_consumed(ha, HALF)  # before the output was taken
+    assert out(a) == h(wu(1, 0, WINDOW))
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_overrun_is_a_flow_control_error_and_goaway(split: bool) -> None:
     b = YamuxEngine(is_client=False)

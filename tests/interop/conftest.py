@@ -1,7 +1,8 @@
-"""Fixtures for the interop tests: the Node.js reference peers, installed by the tests.
+"""Fixtures for the interop tests: the Node.js reference peers, installed by the tests, and
+the Go reference peers, built by the tests (``gobuild.py``).
 
-A missing ``node`` or ``npm`` fails these tests (it never skips them): interop with the
-reference implementation is part of what polymux promises.
+A missing ``node``, ``npm`` or Go toolchain fails these tests (it never skips them): interop
+with the reference implementations is part of what polymux promises.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from .gobuild import GoUnavailable, build
 
 
 NODE_DIR = Path(__file__).parent / "node"
@@ -37,3 +40,12 @@ def node_peers() -> Path:
         if result.returncode != 0:
             pytest.fail(f"npm ci failed in {NODE_DIR}:\n{result.stdout}\n{result.stderr}")
     return NODE_DIR
+
+
+@pytest.fixture(scope="session")
+def go_yamux_peer() -> Path:
+    """The Go peer over hashicorp/yamux (``go/yamux_peer``), built if its sources changed."""
+    try:
+        return build("yamux_peer")
+    except GoUnavailable as exc:
+        pytest.fail(f"interop tests against hashicorp/yamux (they are never skipped): {exc}")

@@ -25,6 +25,25 @@ def pattern(index: int, size: int) -> bytes:
     )
 
 
+async def echo_through(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes, piece: int = 64 * 1024
+) -> bytes:
+    """Write ``data`` in ``piece``-byte writes (draining after each) and half-close, while
+    reading everything the peer sends back until its end; return what came back."""
+
+    async def send() -> None:
+        view = memoryview(data)
+        for off in range(0, len(data), piece):
+            writer.write(view[off : off + piece])
+            await writer.drain()
+        writer.write_eof()
+
+    sender = asyncio.create_task(send())
+    received = await reader.read(-1)
+    await sender
+    return received
+
+
 def offer_filter(name: str) -> bool:
     """Reject ``reject/`` offers, accept the rest."""
     return not name.startswith("reject/")
@@ -90,3 +109,86 @@ async def finish_node(proc: asyncio.subprocess.Process, limit: float = 90.0) -> 
 def unix_path() -> str:
     """A fresh unix socket path (short, in a new temporary folder)."""
     return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")
+
+
+class PeerProcess:
+    """A reference peer process (the Go peers) whose stdout and stderr are read while it
+    runs: the Go libraries log synchronously from their receive loops, so a full stderr
+    pipe would stall the peer's whole session. Keeps the last ``keep`` bytes of stderr."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, keep: int = 64 * 1024) -> None:
+        self.proc = proc
+        self._keep = keep
+        self.stderr = bytearray()
+        self._stdout: asyncio.Queue[bytes] = asyncio.Queue()
+        self._readers = [
+            asyncio.ensure_future(self._read_stdout()),
+            asyncio.ensure_future(self._read_stderr()),
+        ]
+
+    async def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            await self._stdout.put(line)
+        await self._stdout.put(b"")
+
+    async def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self.stderr += chunk
+            if len(self.stderr) > 2 * self._keep:
+                del self.stderr[: len(self.stderr) - self._keep]
+
+    def stderr_tail(self, n: int = 4000) -> str:
+        """The end of what the peer wrote to stderr."""
+        return self.stderr[-n:].decode(errors="replace")
+
+    async def listening(self, limit: float = 30.0) -> str:
+        """The address of a ``--listen`` peer (its ``LISTENING <port|path>`` line)."""
+        line = (await asyncio.wait_for(self._stdout.get(), limit)).decode().split()
+        assert line[:1] == ["LISTENING"], f"peer did not listen: {line}\n{self.stderr_tail()}"
+        return line[1]
+
+    async def finish(self, limit: float = 90.0) -> dict[str, object]:
+        """Wait for the peer to exit 0; return its JSON summary (the last JSON line)."""
+        try:
+            await asyncio.wait_for(self.proc.wait(), limit)
+        except TimeoutError:
+            self.kill()
+            await self.proc.wait()
+            raise
+        await asyncio.gather(*self._readers)
+        lines: list[str] = []
+        while not self._stdout.empty():
+            lines.append(self._stdout.get_nowait().decode())
+        summaries = [line for line in lines if line.startswith("{")]
+        assert self.proc.returncode == 0, (
+            f"peer failed ({self.proc.returncode}):\n{''.join(summaries)[-3000:]}\n{self.stderr_tail()}"
+        )
+        result: dict[str, object] = json.loads(summaries[-1]) if summaries else {}
+        return result
+
+    def kill(self) -> None:
+        """Stop the peer if it still runs (tests call this in ``finally``)."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+    async def aclose(self) -> None:
+        """Kill the peer if it still runs, and reap it."""
+        self.kill()
+        await self.proc.wait()
+        for reader in self._readers:
+            reader.cancel()
+
+
+async def start_peer(binary: Path, *args: str, watchdog: float = 90.0) -> PeerProcess:
+    """Start a built reference peer (a Go peer) with a watchdog of ``watchdog`` s."""
+    proc = await asyncio.create_subprocess_exec(
+        str(binary),
+        *args,
+        "--timeout-ms",
+        str(int(watchdog * 1000)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return PeerProcess(proc)

@@ -22,7 +22,7 @@ import pytest
 
 import polymux
 
-from .peers import finish_node, pattern, start_node, unix_path
+from .peers import echo_through, finish_node, pattern, start_node, unix_path
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
@@ -98,17 +98,7 @@ async def _drive(session: polymux.Session, protocol: str) -> None:
     async def echo(i: int) -> None:
         reader, writer = await _open(session, f"echo/{i}", libp2p)
         data = pattern(i, SIZE)
-
-        async def send() -> None:
-            view = memoryview(data)
-            for off in range(0, len(data), 64 * 1024):
-                writer.write(view[off : off + 64 * 1024])
-                await writer.drain()
-            writer.write_eof()
-
-        sender = asyncio.create_task(send())
-        received = await reader.read(-1)
-        await sender
+        received = await echo_through(reader, writer, data)
         assert received == data, f"echo/{i}: {len(received)} bytes back"
         writer.close()
 

@@ -136,7 +136,8 @@ class MuxProtocol(asyncio.Protocol):
         self._eof_written = False
         self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._keepalive: asyncio.Task[None] | None = None
-        self._open_timers: dict[int, asyncio.TimerHandle] = {}
+        self._open_timers: dict[int, asyncio.TimerHandle] = {}  # our yamux opens not yet ACKed
+        self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
         self._capture: CaptureSink | None = None
         self._last_activity = self.loop.time()  # last whole frame received, or last channel gone
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -370,6 +371,7 @@ class MuxProtocol(asyncio.Protocol):
                 handle.cancel()
         self._stall_timer = self._handshake_timer = None
         self._held_writers.clear()
+        self._wake_openers(everyone=True)
         if self._error is not None:
             cause: BaseException | None = self._error
             error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
@@ -443,9 +445,7 @@ class MuxProtocol(asyncio.Protocol):
         elif isinstance(event, ev.ChannelOpened):
             self._on_offer(event.channel, event.name)
         elif isinstance(event, ev.ChannelAccepted):
-            timer = self._open_timers.pop(event.channel, None)
-            if timer is not None:
-                timer.cancel()
+            self._open_settled(event.channel)
             channel = self._channels.get(event.channel)
             fut = self._offers.pop(event.channel, None)
             if channel is not None:
@@ -493,6 +493,7 @@ class MuxProtocol(asyncio.Protocol):
             # The peer's go-away: no new channels; open ones may finish. One that reports
             # an error ends the session (as hashicorp's handleGoAway does).
             self._peer_goaway = f"the peer is going away ({event.message})"
+            self._wake_openers(everyone=True)  # opens waiting for room fail now
             if event.code:
                 self._abort(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
         elif isinstance(event, ev.PingAcked):
@@ -681,9 +682,7 @@ class MuxProtocol(asyncio.Protocol):
         return channel
 
     def _channel_done(self, channel: ChannelTransport) -> None:
-        timer = self._open_timers.pop(channel._handle, None)
-        if timer is not None:
-            timer.cancel()
+        self._open_settled(channel._handle)
         if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
             self._inbound -= 1
         self._last_activity = self.loop.time()
@@ -817,6 +816,8 @@ class MuxProtocol(asyncio.Protocol):
         """Offer a channel and wait until the peer accepts it (``metadata``: extra keys of
         omnistreams creation metadata)."""
         await self.ready
+        if self._open_room or len(self._open_timers) >= self.config.max_unacked_opens:
+            await self._room_to_open()
         self._check_open()
         config = self.config
         if len(self._channels) >= config.max_channels:
@@ -857,9 +858,64 @@ class MuxProtocol(asyncio.Protocol):
             raise
         return channel
 
+    async def _room_to_open(self) -> None:
+        """yamux: wait, in order, until fewer than ``max_unacked_opens`` of our opens await
+        the peer's ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its
+        accept backlog). Bounded: the oldest open times out within ``stream_open_timeout``,
+        and a slot freed that way fails the first waiting open (``_open_settled``)."""
+        limit = self.config.max_unacked_opens
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        self._open_room.append(waiter)
+        try:
+            while True:
+                await waiter
+                if len(self._open_timers) < limit or self._closing or self._peer_goaway:
+                    return  # room, or _check_open() says why not
+                waiter = self.loop.create_future()
+                self._open_room.appendleft(waiter)  # woken for a slot another took: keep our place
+        except BaseException:
+            if not waiter.done() or waiter.cancelled():
+                if waiter in self._open_room:
+                    self._open_room.remove(waiter)
+            elif waiter.exception() is None:
+                self._wake_openers()  # we were given room and leave: pass it on
+            raise
+
+    def _wake_openers(self, everyone: bool = False) -> None:
+        """Wake as many waiting opens as there is room for (``everyone``: all of them)."""
+        room = len(self._open_room) if everyone else self.config.max_unacked_opens - len(self._open_timers)
+        while room > 0 and self._open_room:
+            waiter = self._open_room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                room -= 1
+
+    def _open_settled(self, handle: int, timed_out: bool = False) -> None:
+        """Our open of ``handle`` was acknowledged, or the channel ended: stop its timer and
+        make room for a waiting open. ``timed_out``: the peer never acknowledged it, so the
+        first waiting open fails instead (a peer that does not accept would reset it too)."""
+        timer = self._open_timers.pop(handle, None)
+        if timer is None:
+            return
+        timer.cancel()
+        while timed_out and self._open_room:
+            waiter = self._open_room.popleft()
+            if not waiter.done():
+                config = self.config
+                waiter.set_exception(
+                    LimitExceeded(
+                        f"{self.engine.format}: no room to open a channel: max_unacked_opens="
+                        f"{config.max_unacked_opens} opened channels await the peer's acknowledgement, "
+                        f"and one was not acknowledged within stream_open_timeout={config.stream_open_timeout:g} s"
+                    )
+                )
+                return
+        if self._open_room:
+            self._wake_openers()
+
     def _open_timed_out(self, channel: ChannelTransport) -> None:
         """The peer never acknowledged a stream we opened: reset it."""
-        self._open_timers.pop(channel._handle, None)
+        self._open_settled(channel._handle, timed_out=True)
         if channel._done:
             return
         self._reset_channel(channel, None)

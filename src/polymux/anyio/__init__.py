@@ -246,6 +246,8 @@ class AnyioSession:
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
         self._offers: dict[int, anyio.Event] = {}
+        self._unacked: set[int] = set()  # yamux: our opens the peer has not acknowledged
+        self._open_room = anyio.Semaphore(config.max_unacked_opens)  # FIFO waiters
         send, receive = anyio.create_memory_object_stream[AnyioChannel](config.accept_backlog)
         self._incoming_send: MemoryObjectSendStream[AnyioChannel] = send
         self._incoming: MemoryObjectReceiveStream[AnyioChannel] = receive
@@ -296,10 +298,17 @@ class AnyioSession:
             raise LimitExceeded(
                 f"{self.engine.format}: max_channels={self.config.max_channels} channels are open"
             )
+        acked = self.engine.format == "yamux"  # the peer ACKs each open (mplex never does)
+        if acked:
+            await self._room_to_open()
         try:
             handle = self.engine.open_channel(name)
         except RuntimeError as exc:
+            if acked:
+                self._open_room.release()
             raise LimitExceeded(str(exc)) from None
+        if acked:
+            self._unacked.add(handle)
         channel = AnyioChannel(self, handle, self.engine.channel_name(handle))
         self._channels[handle] = channel
         accepted = anyio.Event()
@@ -397,6 +406,33 @@ class AnyioSession:
 
     def _forget(self, channel: AnyioChannel) -> None:
         self._channels.pop(channel._handle, None)
+        self._settled(channel._handle)
+
+    async def _room_to_open(self) -> None:
+        """yamux: wait until fewer than ``max_unacked_opens`` of our opens await the peer's
+        ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its accept
+        backlog), at most ``stream_open_timeout``."""
+        config = self.config
+        try:
+            with anyio.fail_after(config.stream_open_timeout):
+                await self._open_room.acquire()
+        except TimeoutError:
+            raise LimitExceeded(
+                f"{self.engine.format}: no room to open a channel: max_unacked_opens={config.max_unacked_opens} "
+                f"opened channels await the peer's acknowledgement, none within "
+                f"stream_open_timeout={config.stream_open_timeout:g} s"
+            ) from None
+        try:
+            self._check_open()  # the session may have ended, or the peer gone away, meanwhile
+        except BaseException:
+            self._open_room.release()
+            raise
+
+    def _settled(self, handle: int) -> None:
+        """Our open of ``handle`` was acknowledged, or the channel ended: make room."""
+        if handle in self._unacked:
+            self._unacked.discard(handle)
+            self._open_room.release()
 
     async def _run(self) -> None:
         """Read the stream, feed the engine, dispatch its events."""
@@ -458,6 +494,7 @@ class AnyioSession:
             self.engine.accept_channel(event.channel)
             channels[event.channel] = channel
         elif isinstance(event, ev.ChannelAccepted):
+            self._settled(event.channel)
             accepted = self._offers.get(event.channel)
             if accepted is not None:
                 accepted.set()
@@ -475,6 +512,7 @@ class AnyioSession:
                 channel._wake_reader()
         elif isinstance(event, ev.ChannelClosed):
             channel = channels.pop(event.channel, None)
+            self._settled(event.channel)
             if channel is not None:
                 channel._eof = True
                 if not event.local_done:
@@ -499,6 +537,7 @@ class AnyioSession:
                     await self._stream.aclose()
         elif isinstance(event, ev.ChannelReset):
             channel = channels.pop(event.channel, None)
+            self._settled(event.channel)
             if channel is not None:
                 channel._fail(ChannelReset(self.engine.format, channel._label, event.message))
             accepted = self._offers.get(event.channel)
@@ -517,6 +556,8 @@ class AnyioSession:
         for channel in list(self._channels.values()):
             channel._fail(error)  # a reader keeps what arrived (and an EOF that came first)
         self._channels.clear()
+        for handle in list(self._unacked):
+            self._settled(handle)  # waiting opens go on, and fail in _check_open()
         for accepted in self._offers.values():
             accepted.set()
         self._incoming_send.close()

@@ -9,6 +9,11 @@ Rules:
   application consumes, once half the window is consumed (as hashicorp does). A peer
   that sends past our window is a protocol error: GoAway(protocol error) and the session
   ends.
+* Credit is encoded when the output is taken (:meth:`YamuxEngine.data_to_send`), not when
+  the application consumes: a window update for a stream whose FIN or RST arrived in the
+  meantime (the output waited while the socket was full) is never sent, and several
+  updates for one stream go out as one. (One already on the wire can still cross the
+  peer's FIN: docs/yamux-smux-interop.md.)
 * Window auto-tuning (as go-yamux and py-libp2p do): when a window's worth was consumed
   within ``4 x RTT`` (RTT from pings), the reader keeps up and the sender is window-bound,
   so the window doubles, up to ``max_receive_window`` per stream, within a session-wide
@@ -71,6 +76,7 @@ class YamuxEngine(Engine):
         self._pings: dict[int, float] = {}
         self._next_ping = 1
         self._grown = 0  # bytes of window granted beyond the initial ones, session-wide
+        self._credit: dict[int, tuple[ChannelRecord, int]] = {}  # handle -> window update due
         self.now = 0.0
         """The current time (seconds, any monotonic clock); set by the I/O layer."""
         self.rtt: float | None = None
@@ -84,6 +90,23 @@ class YamuxEngine(Engine):
     def ready(self) -> bool:
         """yamux has no handshake."""
         return True
+
+    def data_to_send(self) -> list[BytesLike]:
+        """Return (and forget) the byte chunks to write, in order; window updates due go
+        last, one per stream, and none for a stream the peer has ended since."""
+        if self._credit:
+            out = self._out
+            channels = self._channels
+            for record, delta in self._credit.values():
+                if not record.remote_end and record.handle in channels:
+                    out.append(wire.encode_header(Type.WINDOW_UPDATE, 0, record.wire_id, delta))
+            self._credit.clear()
+        return super().data_to_send()
+
+    @property
+    def has_output(self) -> bool:
+        """Whether :meth:`data_to_send` has anything."""
+        return bool(self._out or self._credit)
 
     @property
     def can_open(self) -> bool:
@@ -305,7 +328,8 @@ class YamuxEngine(Engine):
             else:
                 growth = 0
         record.extra["epoch"] = self.now
-        self._out.append(wire.encode_header(Type.WINDOW_UPDATE, 0, record.wire_id, credit + growth))
+        due = self._credit.get(channel)
+        self._credit[channel] = (record, credit + growth + (due[1] if due is not None else 0))
 
     def ping(self) -> int:
         """Send a ping; returns its opaque value (a :class:`PingAcked` event follows)."""
@@ -345,6 +369,7 @@ class YamuxEngine(Engine):
 
     def _forget(self, record: ChannelRecord) -> None:
         self._channels.pop(record.handle, None)
+        self._credit.pop(record.handle, None)
         self._by_id.pop(record.wire_id, None)
         if record.recv is not None and record.recv.window > wire.INITIAL_WINDOW:
             self._grown -= record.recv.window - wire.INITIAL_WINDOW
