@@ -62,7 +62,7 @@ exit status (the same for every polymux command and example):
   {EXIT_FAILED}    the work failed: a channel or a file failed, the echo differs, the
        connection was lost or timed out mid-way, a server cannot listen, an
        input cannot be read
-  {EXIT_USAGE}    bad arguments
+  {EXIT_USAGE}    bad arguments (an input file that does not exist included)
   {EXIT_NO_SESSION}    no session: nothing listens there, the connection or its handshake
        failed or timed out, or the peer speaks another wire format
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""
@@ -300,8 +300,8 @@ async def connect(
         )
         raise NoSession(f"cannot connect to {address} ({protocol}) within {timeout:g} s: {why}") from None
     except polymux.PolymuxError as exc:  # before OSError: SessionClosed is a ConnectionError too
-        why = _mismatch(protocol, heads)
-        raise NoSession(f"cannot connect to {address} ({protocol}): {why or exc}") from None
+        reason = _mismatch(protocol, heads)
+        raise NoSession(f"cannot connect to {address} ({protocol}): {reason or exc}") from None
     except OSError as exc:
         raise NoSession(f"cannot connect to {address} ({protocol}): {exc.strerror or exc}") from None
     _heads[session] = heads

@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     what.add_argument("--file", metavar="PATH", help="send this file on every channel (--size is its size)")
     parser.add_argument(
-        "--send-only", action="store_true", help="do not expect an echo (for `polymux serve --discard`)"
+        "--send-only", action="store_true", help="do not expect an echo (for polymux serve --discard)"
     )
     parser.add_argument(
         "--chunk", type=size, default=64 * 1024, metavar="SIZE", help="write size (default 64KiB)"
