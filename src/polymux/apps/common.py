@@ -61,8 +61,8 @@ exit status (the same for every polymux command and example):
   {EXIT_OK}    success
   {EXIT_FAILED}    the work failed: a channel or a file failed, the echo differs, the
        connection was lost or timed out mid-way, a server cannot listen, an
-       input cannot be read
-  {EXIT_USAGE}    bad arguments (an input file that does not exist included)
+       input file is missing or cannot be read
+  {EXIT_USAGE}    bad arguments
   {EXIT_NO_SESSION}    no session: nothing listens there, the connection or its handshake
        failed or timed out, or the peer speaks another wire format
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""

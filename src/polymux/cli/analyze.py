@@ -3,8 +3,8 @@ reports (CSV, Parquet, index.html with plots). INPUTS are polymux captures
 (*.pmcap.parquet), pcap/pcapng files, folders (searched recursively) or glob patterns.
 Spark runs embedded (local[*]) unless --master says otherwise; under spark-submit the
 submitted master is used. Needs the spark and pcap extras (pip install
-'polymux[spark,pcap]') and Java 17 or newer. Inputs that match no capture file exit 2;
-a missing extra exits 1, saying what to install.
+'polymux[spark,pcap]') and Java 17 or newer. Inputs that match no capture file, and a
+missing extra (the message says what to install), exit 1.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS, EXIT_USAGE
+from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 
 
 __all__ = ["register", "run"]
@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    except ValueError as exc:  # inputs that match no capture file: bad arguments
+    except ValueError as exc:  # inputs that match no capture file, or cannot be read
         print(f"polymux analyze: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED
     print(
         f"{summary.sessions} sessions, {summary.frames:,} frames, {summary.stalls} stalls, "
         f"{summary.violations} violations -> {summary.out / 'index.html'}"

@@ -14,8 +14,8 @@ One line per frame: time (seconds since the connection's first captured byte), d
 byte offset in that direction, channel, frame type, length, flags, the send credit left
 after the frame (and whose), and the ping id or error. --json prints one JSON object per
 frame instead (the fields of polymux.tracing.FRAME_FIELDS). Protocol violations are
-listed as "violation" frames (the exit status stays 0); a FILE that does not exist exits
-2, one that cannot be read or decoded exits 1. Needs the pcap extra for packet captures and pyarrow for polymux
+listed as "violation" frames (the exit status stays 0); a FILE that cannot be read or
+decoded exits 1. Needs the pcap extra for packet captures and pyarrow for polymux
 captures.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS, EXIT_USAGE
+from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 from polymux.wire import PROTOCOLS
 
 
@@ -171,9 +171,6 @@ def run(args: argparse.Namespace) -> int:
     from polymux.tracing import decode_chunks
 
     out = sys.stdout
-    if not Path(args.file).exists():
-        print(f"polymux decode: {args.file}: no such file", file=sys.stderr)
-        return EXIT_USAGE
     status = EXIT_OK
     try:
         first = True
