@@ -2,12 +2,12 @@
 
     python examples/chat/client.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --nick ada --room lobby
 
-Interactive by default: each line of stdin is a message to the first room (``#room
-text`` picks another joined room); end of input leaves. Scripted use (tests, load):
-``--say TEXT`` sends lines, ``--send N --size BYTES`` sends N generated messages,
-``--expect N`` waits for N messages from others, ``--until TEXT`` for someone to say
-TEXT, and ``--pause-reading-after N`` stops
-reading after N messages until the process gets SIGUSR1 (a slow client).
+Interactive by default: each line of stdin is a message to the first room (a line
+"#room text" goes to another joined room); end of input leaves. Scripted use (tests,
+load): --say TEXT sends lines, --send N --size BYTES sends N generated messages,
+--expect N waits for N messages from others, --until TEXT for someone to say TEXT, and
+--pause-reading-after N stops reading after N messages until the process gets SIGUSR1
+(a slow client).
 
 Exit status (the table of every polymux command): 0 after leaving normally; 1 when a join
 is refused or the server disconnects us (e.g. the slow-client policy); 2 for bad

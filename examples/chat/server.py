@@ -3,10 +3,10 @@ sockets at once, any wire format with two-way channels.
 
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --unix /tmp/chat.sock
 
-A slow client never stalls a room: each member has a bounded queue (``--queue``
-messages) and its own writer; when the queue is full the ``--policy`` applies:
-``disconnect`` (default; the member's channel is reset with the reason and the room is
-told) or ``drop`` (that member misses messages and is told how many). One line is logged
+A slow client never stalls a room: each member has a bounded queue (--queue
+messages) and its own writer; when the queue is full the --policy applies:
+disconnect (default; the member's channel is reset with the reason and the room is
+told) or drop (that member misses messages and is told how many). One line is logged
 per join, leave and slow member. Ctrl-C or SIGTERM stops it (exit 0); a server that
 cannot listen exits 1.
 """
