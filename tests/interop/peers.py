@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import polymux
@@ -85,8 +83,3 @@ async def finish_node(proc: asyncio.subprocess.Process, limit: float = 90.0) -> 
     assert proc.returncode == 0, f"node peer failed ({proc.returncode}):\n{err.decode()[-4000:]}"
     result: dict[str, object] = json.loads(lines[-1]) if lines else {}
     return result
-
-
-def unix_path() -> str:
-    """A fresh unix socket path (short, in a new temporary folder)."""
-    return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")
