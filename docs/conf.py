@@ -31,6 +31,7 @@ extensions = [
     "polymux_docs",
 ]
 
+smartquotes = False  # "--total" must stay two hyphens, not become a dash
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 exclude_patterns = ["_build", "demo.cast", "README.md"]
@@ -56,5 +57,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!polymux\b).*"),
     (r"py:.*", r"polymux\._types\..*"),  # type aliases shown by their private home
+    (r"py:class", r"polymux\.aio\.session\.MuxProtocol"),  # the protocol behind a Session: internal
+    (r"py:class", r"polymux\.apps\.common\.T"),  # a TypeVar
 ]
 suppress_warnings = ["myst.header"]

@@ -4,8 +4,8 @@
 built from the argparse parsers (usage, description, options with defaults, and the
 exit-status table that ends every ``--help``).
 
-``polymux-defaults``: every ``SessionConfig`` field with its default and the first
-sentence of its docstring, read from the class.
+``polymux-defaults``: every ``SessionConfig`` field with its default and its docstring,
+read from the class.
 """
 
 from __future__ import annotations
@@ -37,13 +37,20 @@ def _section(document: Any, title: str, ident: str) -> nodes.section:
     return section
 
 
+def _literal(text: str) -> nodes.literal_block:
+    """Terminal text, shown as it is (no syntax colouring)."""
+    block = nodes.literal_block(text, text)
+    block["language"] = "text"
+    return block
+
+
 def _paragraphs(text: str) -> list[nodes.Node]:
     """Plain help text (as --help prints it) as paragraphs; indented runs stay literal."""
     out: list[nodes.Node] = []
     for block in re.split(r"\n\s*\n", textwrap.dedent(text).strip()):
         lines = block.splitlines()
         if all(line.startswith(" ") for line in lines):
-            out.append(nodes.literal_block(text=textwrap.dedent(block)))
+            out.append(_literal(textwrap.dedent(block)))
         else:
             out.append(nodes.paragraph(text=" ".join(line.strip() for line in lines)))
     return out
@@ -90,23 +97,25 @@ class CliReference(Directive):
         parser = build_parser()
         out: list[nodes.Node] = []
         top = _section(document, "polymux", "cli-polymux")
-        top += nodes.literal_block(text=parser.format_usage().strip())
+        top += _literal(parser.format_usage().strip())
         top += _paragraphs(parser.description or "")
-        top += nodes.literal_block(text=EXIT_STATUS)
+        top += _literal(EXIT_STATUS)
         out.append(top)
         for name, sub in _subcommands(parser).items():
             section = _section(document, f"polymux {name}", f"cli-{name}")
-            section += nodes.literal_block(text=sub.format_usage().strip())
+            section += _literal(sub.format_usage().strip())
             section += _paragraphs(sub.description or "")
             section += _options(sub)
             out.append(section)
         return out
 
 
-def _first_sentence(text: str) -> str:
+def _plain(text: str) -> str:
+    """A docstring as one plain paragraph: roles and literals lose their markup
+    (:class:`~a.B` -> B, ``x`` -> x)."""
     text = " ".join(text.split())
-    match = re.match(r"(.+?[.:])(\s|$)", text)
-    return match.group(1) if match else text
+    text = re.sub(r":\w+:`~?([^`]*?)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    return text.replace("``", "")
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -126,17 +135,23 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_default(value: object) -> str:
-    """A default as the docs write it: 1 MiB, 256 KiB, 10 s, 1024, "block", none."""
-    if value is None:
-        return "None"
-    if isinstance(value, bool) or not isinstance(value, int | float):
+_BYTES = ("window", "buffer", "bytes", "limit", "frame", "size", "ack_min", "budget")
+
+
+def describe_default(name: str, value: object) -> str:
+    """A default as the pages write it: 1 MiB, 256 KiB, 10 s, 1,024, 100,000/s, 'block'."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return repr(value)
-    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
+    if isinstance(value, int) and any(word in name for word in _BYTES) and value % 1024 == 0:
         for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
             if value % size == 0:
                 return f"{value // size} {unit}"
-    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    text = f"{value:,g}" if isinstance(value, float) else f"{value:,}"
+    if name.endswith(("timeout", "interval")):
+        return text + " s"
+    if name.endswith("rate"):
+        return text + "/s"
+    return text
 
 
 class DefaultsTable(Directive):
@@ -163,11 +178,10 @@ class DefaultsTable(Directive):
         group += body
         for field in fields(SessionConfig):
             default = field.default if field.default is not MISSING else None
-            unit = " s" if isinstance(default, float) and field.name.endswith(("timeout", "interval")) else ""
             row = nodes.row()
             row += nodes.entry("", nodes.paragraph("", "", nodes.literal(text=field.name)))
-            row += nodes.entry("", nodes.paragraph(text=describe_default(default) + unit))
-            row += nodes.entry("", nodes.paragraph(text=_first_sentence(docs.get(field.name, ""))))
+            row += nodes.entry("", nodes.paragraph(text=describe_default(field.name, default)))
+            row += nodes.entry("", nodes.paragraph(text=_plain(docs.get(field.name, ""))))
             body += row
         return [table]
 
