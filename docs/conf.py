@@ -16,12 +16,12 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS / "_ext"))
 sys.path.insert(0, str(DOCS.parent / "src"))
 
-import polymux  # noqa: E402
+import polymux
 
 
 project = "polymux"
 author = "the polymux authors"
-copyright = "the polymux authors"  # noqa: A001 - Sphinx's name for it
+copyright = "the polymux authors"
 release = version = polymux.__version__
 
 extensions = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import itertools
 import re
 import textwrap
 from dataclasses import MISSING, fields
@@ -69,7 +70,7 @@ def _options(parser: argparse.ArgumentParser) -> nodes.definition_list:
         else:
             term = str(action.metavar or action.dest)
         help_text = (action.help or "") % {"default": action.default, "prog": parser.prog}
-        if action.choices is not None and not action.option_strings == ["-h", "--help"]:
+        if action.choices is not None and action.option_strings != ["-h", "--help"]:
             choices = ", ".join(str(c) for c in action.choices)
             if choices not in help_text:
                 help_text += f" (one of: {choices})"
@@ -123,7 +124,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
+    for node, nxt in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
