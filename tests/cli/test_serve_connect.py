@@ -187,15 +187,32 @@ async def test_top_level_help_lists_subcommands(procs: Procs) -> None:
 
 
 async def test_server_killed_mid_transfer(procs: Procs) -> None:
-    """The peer dies: every channel fails with a clear error, exit 1, and the summary
-    counts only the bytes that really went out."""
-    server, addr = await serve(procs, "mstream-v3", "--tcp", "127.0.0.1:0")
-    client = await procs.polymux(
-        "connect", "--protocol", "mstream-v3", "--tcp", addr, "-n", "2", "--size", "1G", "--json"
-    )
-    await server.line(r"session from", stream="err")
-    server.proc.kill()
-    assert await client.wait() == 1, client.describe()
+    """The peer dies mid-transfer: every channel fails with a clear error, exit 1 (not the
+    no-session 3: the peer had spoken mstream-v3), and the summary counts only the bytes
+    that really went out. The server dies once it has echoed 1 MiB, not at a moment
+    guessed from its log: before its first byte, no session would have existed."""
+    echoed = asyncio.Event()
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        total = 0
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+            total += len(data)
+            if total >= 1 << 20:
+                echoed.set()
+
+    server = await polymux.start_server(echo, "127.0.0.1", 0, protocol="mstream-v3")
+    try:
+        client = await procs.polymux(
+            "connect", "--protocol", "mstream-v3", "--tcp", f"127.0.0.1:{server.port}",
+            "-n", "2", "--size", "1GiB", "--json",
+        )  # fmt: skip
+        await asyncio.wait_for(echoed.wait(), 30)
+        server.close()  # every session aborted at once, as when the process dies
+        assert await client.wait() == 1, client.describe()
+    finally:
+        server.close()
     summary = json.loads(client.out[-1])
     assert summary["planned_bytes"] == 2 << 30 and summary["bytes"] < summary["planned_bytes"]
     assert summary["verified"] is False and summary["mb_per_s"] is None
