@@ -136,16 +136,21 @@ async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> 
     ("yamux", "mstream-v3", "the peer speaks yamux, not mstream-v3"),
     ("mstream-v3", "mstream-v2", "the peer sent nothing back"),
     ("yamux", "mstream-v2", "the peer speaks yamux, not mstream-v2"),
+    ("mstream-v2", "yamux", "the peer speaks mstream-v2, not yamux"),  # the server's handshake fails
 ])  # fmt: skip
 async def test_client_of_another_format_says_so(
     procs: Procs, short_tmp: Path, server_protocol: str, client_protocol: str, said: str
 ) -> None:
     """The wrong --protocol: no traceback, the no-session exit status, and the message says
     what the server speaks (the tracing detector), whether or not the format has a handshake."""
-    _server, tcp, _unix = await start_server(procs, short_tmp, server_protocol)
+    server, tcp, _unix = await start_server(procs, short_tmp, server_protocol)
     ada = await client(procs, client_protocol, ["--tcp", tcp], "ada", "--say", "hi")
     assert await ada.wait() == EXIT_NO_SESSION, ada.describe()
     assert said in ada.stderr and "Traceback" not in ada.stderr, ada.stderr
+    # The server logs the bad session in one line, not as a traceback of a future nobody awaited.
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert "never retrieved" not in server.stderr and "Traceback" not in server.stderr, server.stderr
 
 
 async def test_interactive_client_two_rooms_over_streamux(procs: Procs, short_tmp: Path) -> None:
