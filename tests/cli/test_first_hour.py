@@ -160,3 +160,29 @@ def test_analyze_without_its_extras_says_what_to_install(
     monkeypatch.setattr(polymux.pipeline, "analyze", missing)
     assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "out")]) == EXIT_FAILED
     assert "pip install 'polymux[spark,pcap]'" in capsys.readouterr().err
+
+
+def test_the_report_without_matplotlib_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Plots are optional for polymux analyze: without matplotlib the page keeps its tables
+    and says what to install, instead of a traceback."""
+    import html
+    import sys
+
+    import pandas as pd
+
+    from polymux.pipeline.page import PLOTS_MISSING, write_html
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    tables = {
+        name: pd.DataFrame() for name in ("sessions", "violations", "stalls", "traffic", "lifetimes", "pings")
+    }
+    tables["throughput"] = pd.DataFrame(
+        {"session": ["s"], "channel": ["1"], "direction": ["c2s"], "second": [0], "bytes": [10]}
+    )
+    tables["stall_totals"] = pd.DataFrame({"session": ["s"], "channel": ["1"], "stalled_s": [0.5]})
+    page = write_html(tmp_path, tables).read_text()
+    assert html.escape(PLOTS_MISSING) in page and "pip install 'polymux[spark]'" in PLOTS_MISSING
+    assert "<img" not in page and not list(tmp_path.glob("*.png"))
+    assert PLOTS_MISSING in caplog.text
