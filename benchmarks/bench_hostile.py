@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.hostile.raw import MIB, RawPeer, RssSampler, ServerProcess  # noqa: E402
-from tests.hostile.test_bounds import _data_cycle, _opens, _ping_bytes  # noqa: E402
+from tests.hostile.raw import MIB, RawPeer, RssSampler, ServerProcess
+from tests.hostile.test_bounds import _data_cycle, _opens, _ping_bytes
 
 
 Flood = Callable[[RawPeer, float], Awaitable[int]]
@@ -92,7 +92,7 @@ async def run_one(
             sampler = RssSampler(server.proc.pid)
 
             async def cap() -> None:
-                while sampler.peak - sampler.baseline < args.cap:
+                while sampler.peak - sampler.baseline < args.cap:  # noqa: ASYNC110 - polling RSS
                     await asyncio.sleep(0.05)
 
             note = ""
@@ -139,7 +139,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="flood duration (default 10)")
     parser.add_argument("--step", type=float, default=1.0, help="print RSS every STEP seconds (default 1)")
     parser.add_argument("--src", help="run the server from this source tree (PYTHONPATH)")

@@ -2,15 +2,17 @@
 
     python examples/chat/client.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --nick ada --room lobby
 
-Interactive by default: each line of stdin is a message to the first room (``#room
-text`` picks another joined room); end of input leaves. Scripted use (tests, load):
-``--say TEXT`` sends lines, ``--send N --size BYTES`` sends N generated messages,
-``--expect N`` waits for N messages from others, ``--until TEXT`` for someone to say
-TEXT, and ``--pause-reading-after N`` stops
-reading after N messages until the process gets SIGUSR1 (a slow client).
+Interactive by default: each line of stdin is a message to the first room (a line
+"#room text" goes to another joined room); end of input leaves. Scripted use (tests,
+load): --say TEXT sends lines, --send N --size BYTES sends N generated messages,
+--expect N waits for N messages from others, --until TEXT for someone to say TEXT, and
+--pause-reading-after N stops reading after N messages until the process gets SIGUSR1
+(a slow client).
 
-Exit status: 0 after leaving normally, 1 on errors, 2 if a join is refused, 3 if the
-server disconnected us (e.g. the slow-client policy).
+Exit status (the table of every polymux command): 0 after leaving normally; 1 when a join
+is refused or the server disconnects us (e.g. the slow-client policy); 2 for bad
+arguments; 3 when there is no session (nothing listens there, or the server speaks
+another wire format).
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ from typing import Any
 from polymux import PolymuxError
 from polymux.apps.chat import ChatClient
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_NO_SESSION,
+    EXIT_OK,
+    EXIT_STATUS,
+    NoSession,
     add_address_options,
     add_session_options,
     connect,
     parse_address,
-    parse_size,
+    peer_mismatch,
     run,
     session_options,
+    size,
     two_way,
 )
 from polymux.apps.records import RecordError
@@ -119,10 +127,10 @@ async def main(args: argparse.Namespace) -> int:
     state = State(args)
     address = parse_address(args.tcp, args.unix)
     try:
-        session = await connect(address, args.protocol, **session_options(args))
-    except (OSError, PolymuxError) as exc:
-        print(f"chat: cannot connect to {address}: {exc}", file=sys.stderr)
-        return 1
+        session = await connect(address, args.protocol, timeout=30, **session_options(args))
+    except NoSession as exc:
+        print(f"chat: {exc}", file=sys.stderr)
+        return EXIT_NO_SESSION
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, state.resume.set)
     async with session:
         client = ChatClient(session, args.nick)
@@ -130,9 +138,15 @@ async def main(args: argparse.Namespace) -> int:
         for room in args.room:
             try:
                 welcome = await client.join(room)
-            except ValueError as exc:
+            except ValueError as exc:  # refused by the server (a nick in use ...)
                 print(f"chat: {exc}", file=sys.stderr)
-                return 2
+                return EXIT_FAILED
+            except (ConnectionError, PolymuxError, RecordError) as exc:
+                if (why := peer_mismatch(session)) is not None:
+                    print(f"chat: no {args.protocol} session with {address}: {why}", file=sys.stderr)
+                    return EXIT_NO_SESSION
+                print(f"chat: cannot join #{room}: {exc}", file=sys.stderr)
+                return EXIT_FAILED
             state.show(f"joined #{room} as {args.nick}; members: {', '.join(welcome.get('members', []))}")
             readers.append(asyncio.create_task(read_room(client, room, state)))
         goals: list[Any] = []
@@ -159,13 +173,13 @@ async def main(args: argparse.Namespace) -> int:
                 task.cancel()
             state.show(f"chat: {state.disconnected.result()}")
             session.abort()
-            return 3
+            return EXIT_FAILED
         for room in list(client.channels):
             await client.leave(room)
         for task in readers:
             task.cancel()
     state.show(f"chat: left; received {state.others} messages from others, {state.own} of our own echoed")
-    return 0
+    return EXIT_OK
 
 
 async def send_all(client: ChatClient, room: str, args: argparse.Namespace) -> None:
@@ -178,7 +192,7 @@ async def send_all(client: ChatClient, room: str, args: argparse.Namespace) -> N
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_session_options(parser)
     add_address_options(parser)
@@ -188,7 +202,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--send", type=int, metavar="N", help="send N generated messages, wait for their echo"
     )
-    parser.add_argument("--size", type=parse_size, default=64, help="characters per generated message (64)")
+    parser.add_argument(
+        "--size", type=size, default=64, metavar="SIZE", help="bytes per generated message (default 64)"
+    )
     parser.add_argument("--expect", type=int, metavar="N", help="leave after N messages from others")
     parser.add_argument("--until", metavar="TEXT", help="leave once someone says TEXT")
     parser.add_argument("--pause-reading-after", type=int, metavar="N", help="stop reading after N messages")

@@ -3,11 +3,12 @@ sockets at once, any wire format with two-way channels.
 
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --unix /tmp/chat.sock
 
-A slow client never stalls a room: each member has a bounded queue (``--queue``
-messages) and its own writer; when the queue is full the ``--policy`` applies:
-``disconnect`` (default; the member's channel is reset with the reason and the room is
-told) or ``drop`` (that member misses messages and is told how many). One line is logged
-per join, leave and slow member. Ctrl-C or SIGTERM stops it.
+A slow client never stalls a room: each member has a bounded queue (--queue
+messages) and its own writer; when the queue is full the --policy applies:
+disconnect (default; the member's channel is reset with the reason and the room is
+told) or drop (that member misses messages and is told how many). One line is logged
+per join, leave and slow member. Ctrl-C or SIGTERM stops it (exit 0); a server that
+cannot listen exits 1.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import sys
 import polymux
 from polymux.apps.chat import POLICIES, ChatServer
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS,
     add_session_options,
     listen,
     listening_on,
@@ -45,7 +49,7 @@ async def main(args: argparse.Namespace) -> int:
             print(f"chat: {args.protocol} on {listening_on(server, address)}", flush=True)
     except OSError as exc:
         print(f"chat: cannot listen: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,17 +63,17 @@ async def main(args: argparse.Namespace) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(args.unix)
     print(f"chat: stopped; {chat.evicted} slow members disconnected", flush=True)
-    return 0
+    return EXIT_OK
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_session_options(parser)
     parser.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP (port 0: any free port)")
     parser.add_argument("--unix", metavar="PATH", help="listen on a unix socket (as well)")
-    parser.add_argument("--queue", type=int, default=256, help="messages queued per member (256)")
+    parser.add_argument("--queue", type=int, default=256, help="messages queued per member (default 256)")
     parser.add_argument(
         "--policy", choices=POLICIES, default="disconnect", help="for a member whose queue is full"
     )

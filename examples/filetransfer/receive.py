@@ -4,8 +4,9 @@
     python examples/filetransfer/receive.py --protocol yamux --unix /tmp/ft.sock --dest inbox/
 
 One channel per file, SHA-256 verified, partial files kept for resume
-(``NAME.polymux-part``), unsafe names refused (see README.md). Logs one line per file.
-Ctrl-C or SIGTERM stops it. The first line says where it listens.
+(NAME.polymux-part), unsafe names refused (see README.md). Logs one line per file.
+Ctrl-C or SIGTERM stops it (exit 0); a receiver that cannot listen exits 1. The first
+line says where it listens.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ import sys
 from pathlib import Path
 
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS,
     add_address_options,
     add_session_options,
     listen,
     listening_on,
     parse_address,
-    parse_size,
     run,
     session_options,
+    size,
     two_way,
 )
 from polymux.apps.filetransfer import Receiver
@@ -39,7 +43,7 @@ async def main(args: argparse.Namespace) -> int:
         server = await listen(address, receiver.handle, args.protocol, **session_options(args))
     except OSError as exc:
         print(f"receive: cannot listen on {address}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"receive: {args.protocol} on {listening_on(server, address)}, into {receiver.root}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -57,17 +61,17 @@ async def main(args: argparse.Namespace) -> int:
         f"{s.interrupted} interrupted, {s.failed} failed",
         flush=True,
     )
-    return 0
+    return EXIT_OK
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_session_options(parser)
     add_address_options(parser)
     parser.add_argument("--dest", required=True, help="target directory (created if missing)")
-    parser.add_argument("--max-size", type=parse_size, help="refuse larger files")
+    parser.add_argument("--max-size", type=size, metavar="SIZE", help="refuse larger files, e.g. 1GiB")
     args = parser.parse_args()
     try:
         parse_address(args.tcp, args.unix)

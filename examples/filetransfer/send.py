@@ -5,8 +5,9 @@
 
 A directory sends the files under it (named relative to it). Run it again after an
 interruption: the receiver tells how much of each file it has and only the rest is sent.
-Exit status: 0 when every file is verified, 1 when one failed (refused, interrupted,
-checksum), 2 for bad arguments, 3 when the connection cannot be made.
+Exit status (the table of every polymux command): 0 when every file is verified, 1 when
+one failed (refused, interrupted, checksum), 2 for bad arguments, 3 when there is no
+session (nothing listens there, or the receiver speaks another wire format).
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from polymux import PolymuxError
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_NO_SESSION,
+    EXIT_OK,
+    EXIT_STATUS,
+    NoSession,
     add_address_options,
     add_session_options,
     connect,
     parse_address,
-    parse_size,
+    peer_mismatch,
     run,
     session_options,
+    size,
     two_way,
 )
 from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
@@ -33,25 +39,28 @@ async def main(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, args.unix)
     transfers = collect([Path(p) for p in args.paths], name=args.as_name)
     try:
-        session = await connect(address, args.protocol, **session_options(args))
-    except (OSError, PolymuxError) as exc:
-        print(f"send: cannot connect to {address}: {exc}", file=sys.stderr)
-        return 3
+        session = await connect(address, args.protocol, timeout=30, **session_options(args))
+    except NoSession as exc:
+        print(f"send: {exc}", file=sys.stderr)
+        return EXIT_NO_SESSION
     limiter = RateLimiter(args.limit_rate) if args.limit_rate else None
     async with session:
         elapsed = await send_with_progress(
             session, transfers, parallel=args.parallel, progress=args.progress, limiter=limiter
         )
-    for t in transfers:
-        if t.status == "failed":
-            print(f"send: error: {t.name!r}: {t.error}", file=sys.stderr)
-    print(f"send: {summary(transfers, elapsed, args.parallel)}", flush=True)
-    return 0 if all(t.status != "failed" for t in transfers) else 1
+    failed = [t for t in transfers if t.status == "failed"]
+    if failed and (why := peer_mismatch(session)) is not None:
+        print(f"send: no {args.protocol} session with {address}: {why}", file=sys.stderr)
+        return EXIT_NO_SESSION
+    for t in failed:
+        print(f"send: error: {t.name!r}: {t.error}", file=sys.stderr)
+    print(f"send: {summary(transfers, elapsed, min(args.parallel, len(transfers)))}", flush=True)
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_session_options(parser)
     add_address_options(parser)
@@ -59,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--as", dest="as_name", metavar="NAME", help="the name to send a single file under")
     parser.add_argument("--parallel", type=int, default=8, help="files (channels) in flight at once (8)")
     parser.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
-    parser.add_argument("--limit-rate", type=parse_size, metavar="BYTES", help="bytes per second, in all")
+    parser.add_argument("--limit-rate", type=size, metavar="SIZE", help="bytes per second in all, e.g. 10MiB")
     args = parser.parse_args()
     try:
         parse_address(args.tcp, args.unix)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli.procs import EXAMPLES, PY, Proc, Procs
+from polymux.apps.common import EXIT_FAILED, EXIT_NO_SESSION, EXIT_USAGE
 
 
 MESSAGES = 3000
@@ -70,7 +71,7 @@ async def test_three_clients_one_stops_reading(procs: Procs, short_tmp: Path, pr
     assert not any("slow:" in ln and "carol" not in ln for ln in server.out), server.stdout
     # carol, once she reads again, learns that the server disconnected her.
     carol.send_signal(signal.SIGUSR1)
-    assert await carol.wait(timeout=30) == 3, carol.describe()
+    assert await carol.wait(timeout=30) == EXIT_FAILED, carol.describe()
     m = re.search(r"^chat: disconnected from #lobby: .*reset by the peer(.*)$", carol.stdout, re.MULTILINE)
     assert m, carol.stdout
     if protocol == "mstream-v3":  # the format carries the reason
@@ -85,9 +86,11 @@ async def test_drop_policy_tells_the_slow_client_what_it_missed(procs: Procs, sh
     server, tcp, unix = await start_server(procs, short_tmp, protocol, "--policy", "drop", "--queue", "64")
     bob = await client(procs, protocol, ["--tcp", tcp], "bob", "--expect", "1501", "--quiet")
     await bob.line(r"^joined #lobby")
+    # carol stays until "bye", which is said only once bob has left: whether she was ever
+    # put out of the room is then in bob's output for sure, not a race between two exits.
     carol = await client(
         procs, protocol, ["--unix", unix], "carol", "--window", "16K", "--pause-reading-after", "0",
-        "--until", "the end", "--quiet",
+        "--until", "bye", "--quiet",
     )  # fmt: skip
     await carol.line(r"^paused reading")
     alice = await client(
@@ -99,16 +102,19 @@ async def test_drop_policy_tells_the_slow_client_what_it_missed(procs: Procs, sh
     await carol.line(r"^\* the server dropped \d+ messages")
     dave = await client(procs, protocol, ["--tcp", tcp], "dave", "--say", "the end", "--quiet")
     assert await dave.wait() == 0, dave.describe()
-    assert await carol.wait(timeout=30) == 0, carol.describe()
-    assert await bob.wait(timeout=30) == 0, bob.describe()
+    assert await bob.wait(timeout=30) == 0, bob.describe()  # 1500 + "the end", then bob left
     assert "received 1501 messages from others" in bob.stdout
-    # Nothing lost silently: what carol got plus what she was told she missed is all of it.
+    assert "carol left" not in bob.stdout  # she stayed in the room all the time bob was there
+    erin = await client(procs, protocol, ["--tcp", tcp], "erin", "--say", "bye", "--quiet")
+    assert await erin.wait() == 0, erin.describe()
+    assert await carol.wait(timeout=30) == 0, carol.describe()
+    # Nothing lost silently: what carol got plus what she was told she missed is all of it
+    # (alice's 1500, "the end" and "bye").
     dropped = sum(
         int(n) for n in re.findall(r"^\* the server dropped (\d+) messages", carol.stdout, re.MULTILINE)
     )
     got = int(re.search(r"received (\d+) messages from others", carol.stdout).group(1))  # type: ignore[union-attr]
-    assert dropped > 0 and got + dropped == 1501, carol.stdout
-    assert "carol left" not in bob.stdout  # she stayed in the room
+    assert dropped > 0 and got + dropped == 1502, carol.stdout
 
 
 async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> None:
@@ -116,14 +122,35 @@ async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> 
     bob = await client(procs, "mplex", ["--tcp", tcp], "bob", "--expect", "1", "--quiet")
     await bob.line(r"^joined")
     other = await client(procs, "mplex", ["--unix", unix], "bob", "--say", "hi")
-    assert await other.wait() == 2
+    assert await other.wait() == EXIT_FAILED
     assert "cannot join #lobby: nick 'bob' is taken in room 'lobby'" in other.stderr
     await server.line(r"^refused: join from unix socket: nick 'bob' is taken")
     ok = await client(procs, "mplex", ["--unix", unix], "eve", "--say", "hello bob", "--quiet")
     assert await ok.wait() == 0
     assert await bob.wait() == 0 and "received 1 messages from others" in bob.stdout
     bad = await procs.example("chat/server.py", "--protocol", "mplex")
-    assert await bad.wait() == 2 and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
+    assert await bad.wait() == EXIT_USAGE and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
+
+
+@pytest.mark.parametrize(("server_protocol", "client_protocol", "said"), [
+    ("yamux", "mstream-v3", "the peer speaks yamux, not mstream-v3"),
+    ("mstream-v3", "mstream-v2", "the peer sent nothing back"),
+    ("yamux", "mstream-v2", "the peer speaks yamux, not mstream-v2"),
+    ("mstream-v2", "yamux", "the peer speaks mstream-v2, not yamux"),  # the server's handshake fails
+])  # fmt: skip
+async def test_client_of_another_format_says_so(
+    procs: Procs, short_tmp: Path, server_protocol: str, client_protocol: str, said: str
+) -> None:
+    """The wrong --protocol: no traceback, the no-session exit status, and the message says
+    what the server speaks (the tracing detector), whether or not the format has a handshake."""
+    server, tcp, _unix = await start_server(procs, short_tmp, server_protocol)
+    ada = await client(procs, client_protocol, ["--tcp", tcp], "ada", "--say", "hi")
+    assert await ada.wait() == EXIT_NO_SESSION, ada.describe()
+    assert said in ada.stderr and "Traceback" not in ada.stderr, ada.stderr
+    # The server logs the bad session in one line, not as a traceback of a future nobody awaited.
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert "never retrieved" not in server.stderr and "Traceback" not in server.stderr, server.stderr
 
 
 async def test_interactive_client_two_rooms_over_streamux(procs: Procs, short_tmp: Path) -> None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import polymux
@@ -106,9 +105,12 @@ async def finish_node(proc: asyncio.subprocess.Process, limit: float = 90.0) -> 
     return result
 
 
-def unix_path() -> str:
-    """A fresh unix socket path (short, in a new temporary folder)."""
-    return os.path.join(tempfile.mkdtemp(prefix="pmx"), "s")
+_sockets = itertools.count()
+
+
+def unix_path(folder: Path) -> str:
+    """A new unix socket path in ``folder`` (a test's ``tmp_path``: removed by pytest)."""
+    return str(folder / f"s{next(_sockets)}")
 
 
 class PeerProcess:

@@ -22,7 +22,7 @@ import pytest
 
 import polymux
 
-from .peers import echo_through, finish_node, pattern, start_node, unix_path
+from .peers import echo_through, finish_node, pattern, start_node
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
@@ -39,7 +39,6 @@ async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
 
 
 _finish = finish_node
-_unix_path = unix_path
 
 
 def responder(libp2p: bool):  # type: ignore[no-untyped-def]
@@ -144,9 +143,11 @@ async def _drive(session: polymux.Session, protocol: str) -> None:
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 @pytest.mark.parametrize("protocol", ["multiplex", "mplex"])
-async def test_polymux_client_node_server(node_peers: Path, protocol: str, transport: str) -> None:
+async def test_polymux_client_node_server(
+    node_peers: Path, tmp_path: Path, protocol: str, transport: str
+) -> None:
     """A Node listener that responds, and polymux opening every stream."""
-    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", _unix_path()]
+    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", str(tmp_path / "s")]
     proc = await _node(node_peers, "--impl", IMPL[protocol], "--listen", *where, "--mode", "responder")
     try:
         assert proc.stdout is not None
@@ -168,14 +169,16 @@ async def test_polymux_client_node_server(node_peers: Path, protocol: str, trans
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 @pytest.mark.parametrize("protocol", ["multiplex", "mplex"])
-async def test_node_client_polymux_server(node_peers: Path, protocol: str, transport: str) -> None:
+async def test_node_client_polymux_server(
+    node_peers: Path, tmp_path: Path, protocol: str, transport: str
+) -> None:
     """A polymux server that responds, and a Node client opening every stream."""
     handler = responder(libp2p=protocol == "mplex")
     if transport == "tcp":
         server = await polymux.start_server(handler, "127.0.0.1", 0, protocol=protocol)
         where = ["--tcp", str(server.port)]
     else:
-        path = _unix_path()
+        path = str(tmp_path / "s")
         server = await polymux.start_unix_server(handler, path, protocol=protocol)
         where = ["--unix", path]
     async with server:

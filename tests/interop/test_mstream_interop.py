@@ -17,7 +17,7 @@ import pytest
 
 import polymux
 
-from .peers import finish_node, offer_filter, pattern, respond, start_node, unix_path
+from .peers import finish_node, offer_filter, pattern, respond, start_node
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
@@ -32,7 +32,6 @@ async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
 
 
 _finish = finish_node
-_unix_path = unix_path
 
 
 async def _drive(session: polymux.Session, version: int) -> None:
@@ -85,9 +84,11 @@ async def _drive(session: polymux.Session, version: int) -> None:
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 @pytest.mark.parametrize("version", [1, 2, 3])
-async def test_polymux_client_node_server(node_peers: Path, version: int, transport: str) -> None:
+async def test_polymux_client_node_server(
+    node_peers: Path, tmp_path: Path, version: int, transport: str
+) -> None:
     """A Node server (responder) and a polymux client that offers the channels."""
-    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", _unix_path()]
+    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", str(tmp_path / "s")]
     proc = await _node(node_peers, "--listen", *where, "--version", str(version), "--mode", "responder")
     try:
         assert proc.stdout is not None
@@ -110,7 +111,9 @@ async def test_polymux_client_node_server(node_peers: Path, version: int, transp
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 @pytest.mark.parametrize("version", [1, 2, 3])
-async def test_node_client_polymux_server(node_peers: Path, version: int, transport: str) -> None:
+async def test_node_client_polymux_server(
+    node_peers: Path, tmp_path: Path, version: int, transport: str
+) -> None:
     """A polymux server (responder) and a Node client that offers the channels."""
     protocol = f"mstream-v{version}"
     if transport == "tcp":
@@ -119,7 +122,7 @@ async def test_node_client_polymux_server(node_peers: Path, version: int, transp
         )
         where = ["--tcp", str(server.port)]
     else:
-        path = _unix_path()
+        path = str(tmp_path / "s")
         server = await polymux.start_unix_server(respond, path, protocol=protocol, offer_filter=offer_filter)
         where = ["--unix", path]
     async with server:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,8 +43,19 @@ wire). Nothing can prevent that (docs/yamux-smux-interop.md); an update sent aft
 processed the FIN is another matter (tests/aio/test_yamux_stale_credit.py)."""
 
 
+_tmp: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _socket_folder(tmp_path: Path) -> Iterator[None]:
+    """Unix sockets of the test go in its tmp_path (removed by pytest)."""
+    _tmp.append(tmp_path)
+    yield
+    _tmp.remove(tmp_path)
+
+
 def _where(transport: str) -> list[str]:
-    return ["--tcp", "0"] if transport == "tcp" else ["--unix", unix_path()]
+    return ["--tcp", "0"] if transport == "tcp" else ["--unix", unix_path(_tmp[-1])]
 
 
 def _quiet(result: dict[str, object], *allowed: str, crossed: bool = False) -> None:
@@ -77,7 +88,7 @@ async def _serve(
     if transport == "tcp":
         server = await polymux.start_server(handler, "127.0.0.1", 0, protocol="yamux", **options)  # type: ignore[arg-type]
         return server, ["--tcp", str(server.port)]
-    path = unix_path()
+    path = unix_path(_tmp[-1])
     server = await polymux.start_unix_server(handler, path, protocol="yamux", **options)  # type: ignore[arg-type]
     return server, ["--unix", path]
 

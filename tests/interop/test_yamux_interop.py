@@ -19,7 +19,7 @@ import pytest
 
 import polymux
 
-from .peers import echo_through, finish_node, pattern, start_node, unix_path
+from .peers import echo_through, finish_node, pattern, start_node
 
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(150)]
@@ -34,7 +34,6 @@ async def _node(node_dir: Path, *args: str) -> asyncio.subprocess.Process:
 
 
 _finish = finish_node
-_unix_path = unix_path
 
 
 async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -113,10 +112,10 @@ async def _drive(session: polymux.Session) -> None:
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-async def test_polymux_client_node_server(node_peers: Path, transport: str) -> None:
+async def test_polymux_client_node_server(node_peers: Path, tmp_path: Path, transport: str) -> None:
     """A Node yamux server that responds; polymux (the client) opens every stream, pings,
     and closes with GoAway."""
-    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", _unix_path()]
+    where = ["--tcp", "0"] if transport == "tcp" else ["--unix", str(tmp_path / "s")]
     proc = await _node(node_peers, "--listen", *where, "--mode", "responder")
     try:
         assert proc.stdout is not None
@@ -139,13 +138,13 @@ async def test_polymux_client_node_server(node_peers: Path, transport: str) -> N
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-async def test_node_client_polymux_server(node_peers: Path, transport: str) -> None:
+async def test_node_client_polymux_server(node_peers: Path, tmp_path: Path, transport: str) -> None:
     """A polymux yamux server that responds; the Node client opens every stream."""
     if transport == "tcp":
         server = await polymux.start_server(respond, "127.0.0.1", 0, protocol="yamux")
         where = ["--tcp", str(server.port)]
     else:
-        path = _unix_path()
+        path = str(tmp_path / "s")
         server = await polymux.start_unix_server(respond, path, protocol="yamux")
         where = ["--unix", path]
     async with server:

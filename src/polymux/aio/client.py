@@ -39,14 +39,22 @@ async def _ready(mux: MuxProtocol) -> Session:
     try:
         await asyncio.wait_for(asyncio.shield(mux.ready), mux.config.handshake_timeout)
     except TimeoutError:
-        mux.session.abort()
+        _give_up(mux)
         raise SessionClosed(
             f"{mux.engine.format}: no handshake from the peer within {mux.config.handshake_timeout} s"
         ) from None
-    except BaseException:
-        mux.session.abort()
+    except BaseException:  # the handshake failed, or the caller gave up (cancelled, timed out)
+        _give_up(mux)
         raise
     return mux.session
+
+
+def _give_up(mux: MuxProtocol) -> None:
+    """Abort a session nobody waits for any more. Its handshake future fails later (with
+    the connection): mark that failure seen, so asyncio logs no "Future exception was never
+    retrieved" for it."""
+    mux.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+    mux.session.abort()
 
 
 async def connect(

@@ -398,6 +398,7 @@ class MuxProtocol(asyncio.Protocol):
         self._accept_waiters.clear()
         if not self.ready.done():
             self.ready.set_exception(error)
+            self.ready.exception()  # a server's session may have nobody awaiting its handshake
         for ping, _sent in self._pings.values():
             if not ping.done():
                 ping.set_exception(error)

@@ -1,50 +1,101 @@
 """Helpers shared by the ``polymux`` subcommands and the example apps: addresses
-(``--tcp HOST:PORT`` / ``--unix PATH``), sizes (``16M``), session options, which formats
-have two-way channels, and running a coroutine on asyncio or uvloop."""
+(``--tcp HOST:PORT`` / ``--unix PATH``), sizes (``64MiB``), session options, the exit
+statuses every command uses, opening a session with a diagnosis when there is none (the
+peer speaks another format), which formats have two-way channels, and running a coroutine
+on asyncio or uvloop."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import re
-from collections.abc import Coroutine
+import weakref
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import polymux
+from polymux._types import BytesLike
 from polymux.engine import make_engine
 
 
 __all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_NO_SESSION",
+    "EXIT_OK",
+    "EXIT_STATUS",
+    "EXIT_USAGE",
     "Address",
+    "NoSession",
     "add_address_options",
     "add_session_options",
     "connect",
     "format_bytes",
     "parse_address",
     "parse_size",
+    "peer_mismatch",
     "run",
     "session_options",
+    "size",
     "two_way",
 ]
 
 T = TypeVar("T")
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+EXIT_OK = 0
+"""Exit status: the command did what was asked."""
+EXIT_FAILED = 1
+"""Exit status: the work failed (a channel or a file failed, the echo differs, the
+connection was lost or timed out mid-way, a server cannot listen, an input is unreadable)."""
+EXIT_USAGE = 2
+"""Exit status: bad arguments (argparse's own status for usage errors)."""
+EXIT_NO_SESSION = 3
+"""Exit status: no session with the peer (nothing listens there, the connection or its
+handshake failed or timed out, or the peer speaks another wire format)."""
+EXIT_INTERRUPTED = 130
+"""Exit status: interrupted by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+EXIT_STATUS = f"""\
+exit status (the same for every polymux command and example):
+  {EXIT_OK}    success
+  {EXIT_FAILED}    the work failed: a channel or a file failed, the echo differs, the
+       connection was lost or timed out mid-way, a server cannot listen, an
+       input file is missing or cannot be read
+  {EXIT_USAGE}    bad arguments
+  {EXIT_NO_SESSION}    no session: nothing listens there, the connection or its handshake
+       failed or timed out, or the peer speaks another wire format
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""
+"""The exit-status table, as shown at the end of every ``--help``."""
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """``"64K"``, ``"16M"``, ``"1.5G"``, ``"1000"`` -> bytes (binary multiples: K = 1024).
+    """A byte count with an optional unit: ``"4096"``, ``"512B"``, ``"64KiB"``, ``"16MiB"``,
+    ``"1.5GiB"``. Units are binary whatever the spelling (``K`` = ``KB`` = ``KiB`` = 1024,
+    ``M`` = ``MiB`` = 1024 KiB, then ``G`` and ``T``), case-insensitive; no unit means bytes.
 
-    Raises ``ValueError`` naming the text."""
+    Raises:
+        ValueError: naming the text, when it is not a size or not positive.
+    """
     match = _SIZE.match(text)
     if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 64K, 16M, 1G)")
-    number, unit = float(match.group(1)), match.group(2).lower()
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 64KiB, 16MiB, 1GiB)")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
     value = int(number * 1024 ** " kmgt".index(unit or " "))
     if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+        raise ValueError(f"size must be at least 1 byte: {text!r}")
     return value
+
+
+def size(text: str) -> int:
+    """:func:`parse_size` as an argparse ``type=``: the error names the value, and argparse
+    the option."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def format_bytes(n: float) -> str:
@@ -106,9 +157,9 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=parse_size,
-        metavar="BYTES",
-        help="receive window per channel (SessionConfig.receive_window), e.g. 256K",
+        type=size,
+        metavar="SIZE",
+        help="receive window per channel (SessionConfig.receive_window), e.g. 256KiB",
     )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
 
@@ -137,12 +188,124 @@ def two_way(protocol: str) -> bool:
     return not protocol.startswith("omnistreams")
 
 
-async def connect(address: Address, protocol: str, **options: Any) -> polymux.Session:
-    """A session to ``address``."""
-    if address.path is not None:
-        return await polymux.connect_unix(address.path, protocol=protocol, **options)
-    assert address.host is not None
-    return await polymux.connect(address.host, address.port, protocol=protocol, **options)
+class NoSession(Exception):
+    """No session with the peer: the connection could not be made, its handshake failed or
+    timed out, or the peer speaks another format. The message says which (exit status
+    :data:`EXIT_NO_SESSION`)."""
+
+
+_HEAD = 256  # bytes of the peer's first answer kept to tell which format it speaks
+
+
+class _Heads:
+    """A capture sink keeping what the diagnosis needs: the first bytes each way."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+        self.received = bytearray()
+
+    def received_data(self, data: BytesLike) -> None:
+        if len(self.received) < _HEAD:
+            self.received += bytes(data[: _HEAD - len(self.received)])
+
+    def sent_data(self, chunks: Sequence[BytesLike]) -> None:
+        for chunk in chunks:
+            if len(self.sent) >= _HEAD:
+                break
+            self.sent += bytes(chunk[: _HEAD - len(self.sent)])
+
+
+class _HeadSink:
+    # The CaptureSink protocol's names, forwarding to one _Heads (kept after the session).
+    def __init__(self, heads: _Heads) -> None:
+        self.received = heads.received_data
+        self.sent = heads.sent_data
+
+    def close(self) -> None:
+        pass
+
+
+_heads: weakref.WeakKeyDictionary[polymux.Session, _Heads] = weakref.WeakKeyDictionary()
+
+
+def _mismatch(protocol: str, heads: _Heads, failed: bool = True) -> str | None:
+    """Why ``heads`` show no session of ``protocol``, or None if the peer's bytes fit it.
+
+    No session: the peer sent nothing; or its first bytes break ``protocol``; or, once the
+    session has failed, they are another format's (as :func:`detect_format` sees them)."""
+    from polymux.tracing.decode import decode_chunks
+    from polymux.tracing.detect import detect_format
+
+    received = bytes(heads.received)
+    if not received:
+        return f"the peer sent nothing back: is it a {protocol} peer? (a peer of another format says nothing)"
+    other = detect_format(b"", received)
+    if other is not None and _wire(other) != _wire(protocol):
+        records = decode_chunks(protocol, [(0, "s2c", received)], session="check", one_way=True)
+        if failed or any(r.frame_type == "violation" for r in records):
+            return f"the peer speaks {other}, not {protocol} (run both sides with the same --protocol)"
+        return None
+    records = decode_chunks(protocol, [(0, "s2c", received)], session="check", one_way=True)
+    if any(r.frame_type == "violation" for r in records):
+        return f"the peer does not speak {protocol}: its first bytes are {received[:16].hex(' ')}"
+    return None
+
+
+def _wire(protocol: str) -> str:
+    # multiplex and mplex are one wire format (detection reports it as mplex).
+    return "mplex" if protocol == "multiplex" else protocol
+
+
+def peer_mismatch(session: polymux.Session) -> str | None:
+    """For a session opened with :func:`connect` that has failed: a sentence saying that the
+    peer never spoke its format (it sent nothing, or bytes of another format, naming that
+    format where :func:`polymux.tracing.detect_format` recognises it), or None when the peer
+    did speak it (the failure came later, and is not a missing session)."""
+    heads = _heads.get(session)
+    if heads is None:
+        return None
+    return _mismatch(session.protocol, heads)
+
+
+async def connect(
+    address: Address,
+    protocol: str,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 - its expiry is diagnosed, not just raised
+    **options: Any,
+) -> polymux.Session:
+    """A session to ``address``, within ``timeout`` seconds (connection and handshake).
+
+    The first bytes each way are kept (a tiny capture sink) so that :func:`peer_mismatch`
+    can later tell a peer of another format from a failure mid-way.
+
+    Raises:
+        NoSession: with a message naming the address, the format and what went wrong
+            (refused, timed out, the handshake failed, the peer speaks another format).
+    """
+    heads = _Heads()
+    if options.get("capture") is None:
+        options["capture"] = lambda _info: _HeadSink(heads)
+    try:
+        async with asyncio.timeout(timeout):
+            if address.path is not None:
+                session = await polymux.connect_unix(address.path, protocol=protocol, **options)
+            else:
+                assert address.host is not None
+                session = await polymux.connect(address.host, address.port, protocol=protocol, **options)
+    except TimeoutError:
+        assert timeout is not None
+        why = (
+            "no answer" if not heads.sent else (_mismatch(protocol, heads) or "the handshake did not finish")
+        )
+        raise NoSession(f"cannot connect to {address} ({protocol}) within {timeout:g} s: {why}") from None
+    except polymux.PolymuxError as exc:  # before OSError: SessionClosed is a ConnectionError too
+        reason = _mismatch(protocol, heads)
+        raise NoSession(f"cannot connect to {address} ({protocol}): {reason or exc}") from None
+    except OSError as exc:
+        raise NoSession(f"cannot connect to {address} ({protocol}): {exc.strerror or exc}") from None
+    _heads[session] = heads
+    return session
 
 
 async def listen(address: Address, handler: Any, protocol: str, **kwargs: Any) -> polymux.Server:

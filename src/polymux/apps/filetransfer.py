@@ -546,11 +546,17 @@ class PlainProgress:
     file that ends."""
 
     def __init__(
-        self, transfers: list[Transfer], *, interval: float = 0.5, out: IO[str] | None = None
+        self,
+        transfers: list[Transfer],
+        *,
+        interval: float = 0.5,
+        out: IO[str] | None = None,
+        cut: Callable[[], bool] | None = None,
     ) -> None:
         self.transfers = transfers
         self.interval = interval
         self.out = out or sys.stdout
+        self.cut = cut
         self._task: asyncio.Task[None] | None = None
         self._start = time.perf_counter()
         self._reported: set[int] = set()
@@ -569,7 +575,11 @@ class PlainProgress:
         """A transfer made progress (or ended)."""
         if t.status in ("done", "unchanged", "failed") and id(t) not in self._reported:
             self._reported.add(id(t))
-            if t.status == "failed":
+            if t.status == "failed" and self.cut is not None and self.cut():
+                # Cut on purpose (the demo's --interrupt): not an error, a partial file.
+                line = f"  cut       {t.name} at {format_bytes(t.done)} of {format_bytes(t.size)}"
+                print(line, file=self.out, flush=True)
+            elif t.status == "failed":
                 print(f"  FAILED    {t.name}: {t.error}", file=self.out, flush=True)
             else:
                 note = f" (resumed at {format_bytes(t.resumed_from)})" if t.resumed_from and t.sent else ""
@@ -584,11 +594,11 @@ class PlainProgress:
         total = sum(t.size for t in self.transfers) or 1
         done = sum(t.done for t in self.transfers)
         sent = sum(t.sent for t in self.transfers)
-        finished = sum(t.status in ("done", "unchanged", "failed") for t in self.transfers)
+        complete = sum(t.status in ("done", "unchanged") for t in self.transfers)
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         print(
             f"progress {100 * done / total:5.1f}% {format_bytes(done)} of {format_bytes(total)}, "
-            f"{finished}/{len(self.transfers)} files, {sent / elapsed / 1e6:.1f} MB/s",
+            f"{complete}/{len(self.transfers)} files, {sent / elapsed / 1e6:.1f} MB/s",
             file=self.out,
             flush=True,
         )
@@ -598,15 +608,18 @@ class RichProgress:
     """Progress bars (rich): one per file and one for the total, each with its average
     throughput (MB/s, as in the summary)."""
 
-    def __init__(self, transfers: list[Transfer]) -> None:
+    def __init__(self, transfers: list[Transfer], *, cut: Callable[[], bool] | None = None) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.table import Column
 
         self.transfers = transfers
+        self.cut = cut
         self.progress = Progress(
             TextColumn("{task.description:<22.22}"),
-            BarColumn(bar_width=28),
-            DownloadColumn(binary_units=True),
-            TextColumn("{task.fields[speed]:>10}"),
+            # The bar takes what the terminal leaves; the figures never wrap onto a second line.
+            BarColumn(bar_width=None),
+            DownloadColumn(binary_units=True, table_column=Column(no_wrap=True, min_width=17)),
+            TextColumn("{task.fields[speed]:>10}", table_column=Column(no_wrap=True)),
             TimeRemainingColumn(),
             TextColumn("{task.fields[status]}"),
             refresh_per_second=8,
@@ -635,17 +648,19 @@ class RichProgress:
         status = {"done": "[green]ok", "unchanged": "[cyan]unchanged", "failed": "[red]FAILED"}.get(
             t.status, ""
         )
+        if t.status == "failed" and self.cut is not None and self.cut():
+            status = "[yellow]cut"
         if t.resumed_from and t.status in ("sending", "done"):
             status = (status + " " if status else "") + f"[yellow]resumed@{format_bytes(t.resumed_from)}"
         now = time.perf_counter()
         end = t.finished if t.finished else now
         speed = _rate(t.sent, end - t.started) if t.sent else ""
         self.progress.update(self.tasks[id(t)], completed=t.done, status=status, speed=speed)
-        finished = sum(x.status in ("done", "unchanged", "failed") for x in self.transfers)
+        complete = sum(x.status in ("done", "unchanged") for x in self.transfers)
         self.progress.update(
             self.total,
             completed=sum(x.done for x in self.transfers),
-            status=f"{finished}/{len(self.transfers)} files",
+            status=f"{complete}/{len(self.transfers)} files",
             speed=_rate(sum(x.sent for x in self.transfers), now - self._start),
         )
 
@@ -655,19 +670,22 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds / 1e6:.1f} MB/s" if seconds > 0 else ""
 
 
-def make_progress(transfers: list[Transfer], mode: str = "auto") -> PlainProgress | RichProgress | None:
+def make_progress(
+    transfers: list[Transfer], mode: str = "auto", *, cut: Callable[[], bool] | None = None
+) -> PlainProgress | RichProgress | None:
     """``auto`` (rich on a terminal, plain lines otherwise or without the ``apps`` extra),
-    ``rich``, ``plain`` or ``none``."""
+    ``rich``, ``plain`` or ``none``. While ``cut()`` is true, failed transfers are shown as
+    cut on purpose (partial files to resume), not as errors."""
     if mode == "none":
         return None
     if mode == "auto" and sys.stdout.isatty():
         try:
-            return RichProgress(transfers)
+            return RichProgress(transfers, cut=cut)
         except ModuleNotFoundError:  # rich is the `apps` extra: plain lines without it
-            return PlainProgress(transfers)
+            return PlainProgress(transfers, cut=cut)
     if mode == "rich":
-        return RichProgress(transfers)
-    return PlainProgress(transfers)
+        return RichProgress(transfers, cut=cut)
+    return PlainProgress(transfers, cut=cut)
 
 
 async def send_with_progress(
@@ -678,10 +696,12 @@ async def send_with_progress(
     progress: str = "auto",
     limiter: RateLimiter | None = None,
     on_progress: Callable[[Transfer], None] | None = None,
+    cut: Callable[[], bool] | None = None,
 ) -> float:
     """Send ``transfers`` showing progress (``make_progress`` modes); return the seconds.
-    ``on_progress(transfer)`` is called too, after the display."""
-    view = make_progress(transfers, progress)
+    ``on_progress(transfer)`` is called too, after the display; ``cut()`` tells the
+    display that the connection was cut on purpose."""
+    view = make_progress(transfers, progress, cut=cut)
     callbacks = [f for f in (view.update if view is not None else None, on_progress) if f is not None]
 
     def report(t: Transfer) -> None:

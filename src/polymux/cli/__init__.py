@@ -1,13 +1,18 @@
 """The ``polymux`` command. Each subcommand is a module of this package with
 ``register(subparsers)``, which adds its parser and sets ``func`` (``func(args) -> int``).
 Modules import heavy dependencies (pyspark, dpkt, rich) inside ``func``, so ``--help``
-and the other subcommands stay fast and work without the extras."""
+and the other subcommands stay fast and work without the extras. Every parser ends its
+help with the same exit-status table (:data:`polymux.apps.common.EXIT_STATUS`); help texts
+are plain text (no reST markup), since ``--help`` prints them as they are."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
+
+from polymux.apps.common import EXIT_INTERRUPTED, EXIT_STATUS
 
 
 __all__ = ["main"]
@@ -18,7 +23,10 @@ _SUBCOMMANDS = ("demo", "serve", "connect", "decode", "bench", "analyze")
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
-        prog="polymux", description="Many byte channels over one connection, in real multiplexing formats."
+        prog="polymux",
+        description="Many byte channels over one connection, in real multiplexing formats.",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
@@ -33,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``polymux`` command; return its exit status."""
+    """Run the ``polymux`` command; return its exit status (the table in every ``--help``)."""
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT
+        print(f"polymux {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return result

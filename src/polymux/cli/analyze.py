@@ -1,14 +1,18 @@
-"""``polymux analyze INPUTS... --out DIR``: decode captures with Spark and write traffic
+"""polymux analyze INPUTS... --out DIR: decode captures with Spark and write traffic
 reports (CSV, Parquet, index.html with plots). INPUTS are polymux captures
-(``*.pmcap.parquet``), pcap/pcapng files, folders (searched recursively) or glob patterns.
-Spark runs embedded (``local[*]``) unless ``--master`` says otherwise; under
-``spark-submit`` the submitted master is used.
+(*.pmcap.parquet), pcap/pcapng files, folders (searched recursively) or glob patterns.
+Spark runs embedded (local[*]) unless --master says otherwise; under spark-submit the
+submitted master is used. Needs the spark and pcap extras (pip install
+'polymux[spark,pcap]') and Java 17 or newer. Inputs that match no capture file, and a
+missing extra (the message says what to install), exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 
 
 __all__ = ["register", "run"]
@@ -19,7 +23,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from polymux.wire import PROTOCOLS
 
     parser = sub.add_parser(
-        "analyze", help="analyse captures with Spark (reports + HTML)", description=__doc__
+        "analyze",
+        help="analyse captures with Spark (reports + HTML)",
+        description=__doc__,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="capture files, folders or glob patterns")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
@@ -38,17 +46,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the pipeline; print where the report is."""
-    from polymux.pipeline import analyze
-
     try:
+        from polymux.pipeline import analyze
+
         summary = analyze(
             args.inputs, args.out, protocol=args.protocol, master=args.master, progress=not args.quiet
         )
-    except ValueError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in _EXTRAS:
+            raise
+        print(
+            f"polymux analyze: {exc.name} is missing; install the extras this command needs: "
+            "pip install 'polymux[spark,pcap]'",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    except ValueError as exc:  # inputs that match no capture file, or cannot be read
         print(f"polymux analyze: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     print(
         f"{summary.sessions} sessions, {summary.frames:,} frames, {summary.stalls} stalls, "
         f"{summary.violations} violations -> {summary.out / 'index.html'}"
     )
-    return 0
+    return EXIT_OK
+
+
+# The third-party packages of the spark and pcap extras (a missing one is an install problem).
+_EXTRAS = ("pyspark", "pyarrow", "pandas", "dpkt", "py4j")

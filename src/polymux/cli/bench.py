@@ -1,7 +1,8 @@
-"""``polymux bench`` runs the benchmark suite of a polymux checkout (``python -m benchmarks``,
-quick mode unless ``--full``). The suite lives in ``benchmarks/`` at the repository root,
-not in the installed package: it is looked up from the current directory upwards, then
-next to this package's source tree (an editable install), and run with the same Python.
+"""polymux bench runs the benchmark suite of a polymux checkout (python -m benchmarks,
+quick mode unless --full). The suite lives in benchmarks/ at the repository root, not in
+the installed package: it is looked up from the current directory upwards, then next to
+this package's source tree (an editable install), and run with the same Python. Its exit
+status is the suite's; no checkout found exits 2.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from polymux.apps.common import EXIT_STATUS, EXIT_USAGE
 
 
 __all__ = ["find_suite", "register", "run", "suite_command"]
@@ -56,6 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "bench",
         help="run the benchmark suite of this checkout (quick mode by default)",
         description=__doc__,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--full", action="store_true", help="the full sizes (takes long)")
     for name, text in _VALUE_OPTIONS.items():
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "polymux source checkout (git clone ...; cd polymux; polymux bench)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     if args.out is not None:
         args.out = str(Path(args.out).resolve())  # the suite runs in the checkout
     env = dict(os.environ)

@@ -1,18 +1,18 @@
-"""``polymux connect``: a multiplexed iperf. Opens N channels on one connection, sends a
-pattern (or a file) on each, checks that every byte comes back unchanged (``polymux
-serve --echo``, or any peer that echoes channels), and prints a summary: bytes, seconds,
-MB/s (10^6 bytes per second, one direction).
+"""polymux connect: a multiplexed iperf. Opens N channels on one connection, sends a
+pattern (or a file) on each, checks that every byte comes back unchanged (polymux serve
+--echo, or any peer that echoes channels), and prints a summary: bytes, seconds, MB/s
+(10^6 bytes per second, one direction; only for a run that succeeded).
 
-Modes: ``echo`` (the default) verifies the echo byte by byte; ``--send-only`` sends and
-waits for the peer to close each channel (``polymux serve --discard``); on formats whose
-channels are one-way (omnistreams: the opener writes, the acceptor reads) the mode is
-``one-way``: data is sent, nothing can come back, so nothing is verified, and the
-summary says so.
+Modes: echo (the default) verifies the echo byte by byte; --send-only sends and waits for
+the peer to close each channel (polymux serve --discard); on formats whose channels are
+one-way (omnistreams: the opener writes, the acceptor reads) the mode is one-way: data is
+sent, nothing can come back, so nothing is verified, and the summary says so.
 
-Each channel gets its own pattern (a pseudo-random block per channel, or ``--pattern
-TEXT`` repeated), so an echo on the wrong channel is caught. Exit status: 0 when every
-channel completed (and verified), 1 when one failed (mismatch, reset, lost connection,
-``--timeout``), 2 for bad arguments, 3 when the connection cannot be made.
+Each channel gets its own pattern (a pseudo-random block per channel, or --pattern TEXT
+repeated), so an echo on the wrong channel is caught. --timeout bounds the whole run,
+connection and handshake included. A peer that speaks another wire format is named as
+such (exit status 3, like a connection that cannot be made); a channel that fails, an
+echo that differs or a run that times out exits 1.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import sys
@@ -28,22 +29,26 @@ from typing import Any
 
 import polymux
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_NO_SESSION,
+    EXIT_OK,
+    EXIT_STATUS,
     Address,
+    NoSession,
     add_address_options,
     add_session_options,
     connect,
     format_bytes,
     parse_address,
-    parse_size,
+    peer_mismatch,
     run as run_loop,
     session_options,
+    size,
     two_way,
 )
 
 
 __all__ = ["register", "run"]
-
-EXIT_FAILED, EXIT_USAGE, EXIT_CONNECT = 1, 2, 3
 
 
 class Mismatch(Exception):
@@ -56,6 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "connect",
         help="open N channels, send, verify the echo, print the throughput",
         description=__doc__,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_session_options(parser)
@@ -63,10 +69,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--channels", "-n", type=int, default=4, metavar="N", help="channels (default 4)")
     parser.add_argument(
         "--size",
-        type=parse_size,
+        type=size,
         default=16 * 1024 * 1024,
-        metavar="BYTES",
-        help="bytes per channel (default 16M)",
+        metavar="SIZE",
+        help="bytes per channel, with an optional unit: 1048576, 512KiB, 16MiB (default 16MiB)",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
@@ -74,12 +80,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     what.add_argument("--file", metavar="PATH", help="send this file on every channel (--size is its size)")
     parser.add_argument(
-        "--send-only", action="store_true", help="do not expect an echo (for `polymux serve --discard`)"
+        "--send-only", action="store_true", help="do not expect an echo (for polymux serve --discard)"
     )
     parser.add_argument(
-        "--chunk", type=parse_size, default=64 * 1024, metavar="BYTES", help="write size (64K)"
+        "--chunk", type=size, default=64 * 1024, metavar="SIZE", help="write size (default 64KiB)"
     )
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="give up after (120)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="give up after this long, connection included (default 120)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.set_defaults(func=run, parser=parser)
 
@@ -132,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         args.size = os.fstat(fd).st_size
         if args.size == 0:
             args.parser.error(f"--file: {args.file} is empty")
+    # Every failure reaches the channels and is reported below, with the diagnosis; the
+    # library's own warning about it would only repeat it, unformatted.
+    logging.getLogger("polymux").setLevel(logging.ERROR)
     try:
         return run_loop(_main(args, address, options, fd), use_uvloop=args.uvloop)
     finally:
@@ -160,21 +175,20 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
         mode, note = "echo", "sending and verifying the echo byte by byte"
     if not args.json:
         print(f"polymux connect: mode {mode}: {note}", flush=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
     try:
-        session = await asyncio.wait_for(connect(address, protocol, **options), args.timeout)
-    except (OSError, polymux.PolymuxError, TimeoutError) as exc:
-        print(
-            f"polymux connect: cannot connect to {address} ({protocol}): {exc or type(exc).__name__}",
-            file=sys.stderr,
-        )
-        return EXIT_CONNECT
+        session = await connect(address, protocol, timeout=args.timeout, **options)
+    except NoSession as exc:
+        _fail(args, address, f"{exc}")
+        return EXIT_NO_SESSION
     sources = _sources(args, fd)
     echoed = [0] * args.channels
     written = [0] * args.channels
     start = time.perf_counter()
     errors: list[str] = []
     try:
-        async with asyncio.timeout(args.timeout):
+        async with asyncio.timeout_at(deadline):
             results = await asyncio.gather(
                 *(
                     _channel(session, i, src, mode, args.chunk, echoed, written)
@@ -184,10 +198,16 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
             )
             errors = [f"channel {i}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
             await session.aclose()  # one-way: returns once everything queued is sent
+            if not errors and session.exception is not None:
+                errors.append(f"the session failed: {session.exception}")
     except TimeoutError:
         errors.append(f"timed out after {args.timeout:g} s")
         session.abort()
     elapsed = time.perf_counter() - start
+    if errors and (why := peer_mismatch(session)) is not None:
+        # Nothing of our format ever came back: there was no session, whatever the channels say.
+        _fail(args, address, f"no {protocol} session with {address}: {why}")
+        return EXIT_NO_SESSION
     planned = args.size * args.channels
     # What the peer took (drain() returned); the planned total once every channel is done.
     sent = planned if not errors else sum(written)
@@ -202,7 +222,8 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
         "echoed": sum(echoed),
         "verified": mode == "echo" and not errors,
         "seconds": round(elapsed, 4),
-        "mb_per_s": round(sent / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
+        # A rate only for a run that did what it was asked: a failed run's figure means nothing.
+        "mb_per_s": round(sent / elapsed / 1e6, 2) if elapsed > 0 and not errors else None,
         "errors": errors,
     }
     if args.json:
@@ -215,15 +236,28 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
             "send-only": "sent (no echo expected)",
             "one-way": "sent one-way (nothing verified: no echo possible)",
         }[mode]
-        print(
-            f"polymux connect: {args.channels} channels x {format_bytes(args.size)} = {format_bytes(planned)} "
-            f"{check}"
-            + (f" ({format_bytes(sent)} sent, {format_bytes(sum(echoed))} echoed)" if errors else "")
-            + f", in {elapsed:.3f} s: {sent / elapsed / 1e6:.1f} MB/s ({protocol} over {address})"
-            + (f"; {len(errors)} failed" if errors else ""),
-            flush=True,
+        head = (
+            f"polymux connect: {args.channels} channels x {format_bytes(args.size)} = {format_bytes(planned)}"
         )
-    return EXIT_FAILED if errors else 0
+        where = f"({protocol} over {address})"
+        if errors:
+            print(
+                f"{head} FAILED after {elapsed:.3f} s: {format_bytes(sent)} sent, "
+                f"{format_bytes(sum(echoed))} echoed; {len(errors)} failed {where}",
+                flush=True,
+            )
+        else:
+            print(f"{head} {check}, in {elapsed:.3f} s: {sent / elapsed / 1e6:.1f} MB/s {where}", flush=True)
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def _fail(args: argparse.Namespace, address: Address, message: str) -> None:
+    """Report a run that never had a session (one JSON object with ``--json``)."""
+    if args.json:
+        print(
+            json.dumps({"protocol": args.protocol, "address": str(address), "errors": [message]}), flush=True
+        )
+    print(f"polymux connect: {message}", file=sys.stderr, flush=True)
 
 
 async def _channel(
@@ -246,6 +280,7 @@ async def _channel(
             written[index] += len(data)
         if mode == "one-way":
             writer.close()
+            await writer.wait_closed()  # raises if the session died with data unsent
         else:
             writer.write_eof()
             await writer.drain()

@@ -1,20 +1,22 @@
-"""``polymux decode``: list the frames in a capture, per connection and direction.
+"""polymux decode: list the frames in a capture, per connection and direction.
 
 FILE is one of:
 
-* a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
-  each is decoded (``--protocol``, or the format detected from each flow's first bytes;
-  flows whose format is not recognised are named on stderr and skipped);
-* a polymux capture (``*.pmcap.parquet``, written by ``polymux.tracing.CaptureRecorder``),
-  which records its format;
-* raw bytes of one direction of a connection (``--direction``, c2s by default: what the
-  client sent), decoded as ``--protocol`` or the format detected from its first bytes.
+  - a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
+    each is decoded (as --protocol, or the format detected from each flow's first bytes;
+    flows whose format is not recognised are named on stderr and skipped);
+  - a polymux capture (*.pmcap.parquet, written by polymux.tracing.CaptureRecorder),
+    which records its format;
+  - raw bytes of one direction of a connection (--direction, c2s by default: what the
+    client sent), decoded as --protocol or the format detected from its first bytes.
 
 One line per frame: time (seconds since the connection's first captured byte), direction,
 byte offset in that direction, channel, frame type, length, flags, the send credit left
-after the frame (and whose), and the ping id or error. ``--json`` prints one JSON object
-per frame instead (the fields of ``polymux.tracing.FRAME_FIELDS``). Protocol violations
-are listed as ``violation`` frames (the exit status stays 0); an unreadable file exits 1.
+after the frame (and whose), and the ping id or error. --json prints one JSON object per
+frame instead (the fields of polymux.tracing.FRAME_FIELDS). Protocol violations are
+listed as "violation" frames (the exit status stays 0); a FILE that cannot be read or
+decoded exits 1. Needs the pcap extra for packet captures and pyarrow for polymux
+captures.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 from polymux.wire import PROTOCOLS
 
 
@@ -44,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "decode",
         help="decode a capture (pcap/pcapng, polymux capture, raw bytes) into a frame listing",
         description=__doc__,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("file", metavar="FILE", help="pcap/pcapng, *.pmcap.parquet, or raw bytes of one direction")
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from polymux.tracing import decode_chunks
 
     out = sys.stdout
-    status = 0
+    status = EXIT_OK
     try:
         first = True
         seen = 0
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                     f"polymux decode: {conn.session}: the format is not recognised; name it with --protocol",
                     file=sys.stderr,
                 )
-                status = 1
+                status = EXIT_FAILED
                 continue
             records = decode_chunks(conn.format, conn.chunks, session=conn.session, one_way=conn.one_way)
             if args.json:
@@ -192,11 +196,11 @@ def run(args: argparse.Namespace) -> int:
         out.flush()
         if not seen:
             print(f"polymux decode: {args.file}: no TCP connection with payload in it", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
     except _Unreadable as exc:
         print(f"polymux decode: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except BrokenPipeError:  # decode ... | head
         sys.stderr.close()
-        return 0
+        return EXIT_OK
     return status

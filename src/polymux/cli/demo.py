@@ -1,10 +1,11 @@
-"""``polymux demo``: a real multi-channel file transfer on loopback. It writes a set of
-files of random data to a temporary directory, starts an embedded file server (the
-receiver of :mod:`polymux.apps.filetransfer`, the same code as
-``examples/filetransfer/receive.py``) on 127.0.0.1, connects to it over one connection,
-and sends the files in parallel, one channel per file, with progress bars (plain
-progress lines without a terminal). Every file is SHA-256 verified end to end, then
-compared on disk; the summary gives the throughput.
+"""polymux demo: a real multi-channel file transfer on loopback. It writes a set of files
+of random data to a temporary directory, starts an embedded file server (the receiver of
+polymux.apps.filetransfer, the same code as examples/filetransfer/receive.py) on
+127.0.0.1, connects to it over one connection, and sends the files in parallel, one
+channel per file, with progress bars (plain progress lines without a terminal). Every
+file is SHA-256 verified end to end, then compared on disk; the summary gives the
+throughput. --interrupt cuts the first connection part-way and resumes on a new one:
+only what is missing is sent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import tempfile
 from pathlib import Path
 
 import polymux
-from polymux.apps.common import format_bytes, run as run_loop, two_way
+from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS,
+    format_bytes,
+    run as run_loop,
+    size,
+    two_way,
+)
 from polymux.apps.filetransfer import Receiver, Transfer, send_with_progress, summary
 
 
@@ -31,13 +40,37 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo",
         help="parallel file transfer to an embedded server, with progress bars",
         description=__doc__,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--protocol", default="mstream-v3", choices=polymux.PROTOCOLS, help="(mstream-v3)")
-    demo.add_argument("--files", type=int, default=16, help="files, one channel each (16)")
-    demo.add_argument("--size", type=float, default=64.0, help="MiB in all (64)")
-    demo.add_argument("--parallel", type=int, default=8, help="channels in flight at once (8)")
-    demo.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
+    demo.add_argument(
+        "--protocol",
+        default="mstream-v3",
+        choices=polymux.PROTOCOLS,
+        metavar="PROTOCOL",
+        help=f"wire format: {', '.join(polymux.PROTOCOLS)} (default mstream-v3)",
+    )
+    demo.add_argument("--files", type=int, default=16, help="files, one channel each (default 16)")
+    demo.add_argument(
+        "--total",
+        type=size,
+        default=64 << 20,
+        metavar="SIZE",
+        help="bytes in all the files together, with an optional unit: 256MiB, 1GiB (default 64MiB)",
+    )
+    demo.add_argument(
+        "--size",
+        type=float,
+        metavar="MIB",
+        help="the old spelling of --total, in MiB without a unit (--size 256 = --total 256MiB)",
+    )
+    demo.add_argument("--parallel", type=int, default=8, help="channels in flight at once (default 8)")
+    demo.add_argument(
+        "--progress",
+        choices=("auto", "rich", "plain", "none"),
+        default="auto",
+        help="bars on a terminal, plain lines otherwise (default auto)",
+    )
     demo.add_argument(
         "--interrupt",
         type=int,
@@ -53,15 +86,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo."""
-    if args.files < 1 or args.size <= 0 or args.parallel < 1:
-        args.parser.error("--files and --parallel must be >= 1 and --size > 0")
+    if args.size is not None:  # the old spelling: MiB in all
+        if args.size <= 0:
+            args.parser.error(f"--size must be a positive number of MiB, got {args.size:g}")
+        args.total = int(args.size * (1 << 20))
+    if args.files < 1 or args.parallel < 1:
+        args.parser.error("--files and --parallel must be >= 1")
+    if args.total < args.files:
+        args.parser.error(f"--total {args.total} is less than one byte per file ({args.files} files)")
     if args.interrupt is not None and not 1 <= args.interrupt <= 99:
         args.parser.error("--interrupt must be a percentage in 1..99")
     if not two_way(args.protocol):
         args.parser.error(f"{args.protocol} channels are one-way; the file transfer needs two-way channels")
     work = Path(tempfile.mkdtemp(prefix="polymux-demo-"))
     try:
-        transfers = _make_files(work / "outbox", args.files, args.size)
+        transfers = _make_files(work / "outbox", args.files, args.total)
         return run_loop(_demo(args, work, transfers), use_uvloop=args.uvloop)
     finally:
         if args.keep:
@@ -70,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _make_files(outbox: Path, files: int, size_mib: float) -> list[Transfer]:
-    """``files`` files of random bytes, sizes growing with the index, ``size_mib`` in all."""
+def _make_files(outbox: Path, files: int, total: int) -> list[Transfer]:
+    """``files`` files of random bytes, sizes growing with the index, ``total`` bytes in all."""
     weight = files * (files + 1) / 2
     transfers = []
     for i in range(files):
-        size = max(1, int(size_mib * (1 << 20) * (i + 1) / weight))
+        size = max(1, int(total * (i + 1) / weight))
         name = f"{['docs', 'media', 'logs', 'data'][i % 4]}/file-{i:02d}.bin"
         path = outbox / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,9 +129,10 @@ async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer])
     server = await polymux.start_server(receiver.handle, "127.0.0.1", 0, protocol=args.protocol)
     async with server:
         total = sum(t.size for t in transfers)
+        at_once = min(args.parallel, len(transfers))
         print(
             f"polymux demo: {len(transfers)} files, {format_bytes(total)} in all, one channel per file "
-            f"({args.parallel} at a time),\n  over one {args.protocol} connection to an embedded file "
+            f"({at_once} at a time),\n  over one {args.protocol} connection to an embedded file "
             f"server on 127.0.0.1:{server.port}",
             flush=True,
         )
@@ -111,13 +151,15 @@ async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer])
     failed = [t for t in transfers if t.status == "failed"]
     for t in failed:
         print(f"FAILED {t.name}: {t.error}", file=sys.stderr)
-    print(summary(transfers, elapsed, args.parallel), flush=True)
+    print(summary(transfers, elapsed, min(args.parallel, len(transfers))), flush=True)
+    # The folder is removed on exit unless --keep: name it only when it stays.
+    where = f" to {receiver.root}" if args.keep else ""
     print(
-        f"receiver: {receiver.stats.files} files written to {receiver.root}, "
+        f"receiver: {receiver.stats.files} files written{where}, "
         f"{on_disk}/{len(transfers)} identical to the originals (SHA-256 on disk)",
         flush=True,
     )
-    return 0 if not failed and on_disk == len(transfers) else 1
+    return EXIT_OK if not failed and on_disk == len(transfers) else EXIT_FAILED
 
 
 async def _interrupted_pass(args: argparse.Namespace, port: int, transfers: list[Transfer]) -> None:
@@ -127,19 +169,29 @@ async def _interrupted_pass(args: argparse.Namespace, port: int, transfers: list
     threshold = sum(t.size for t in first) * args.interrupt / 100
     session = await polymux.connect("127.0.0.1", port, protocol=args.protocol)
 
+    at_cut = 0
+
     def maybe_cut(_t: Transfer) -> None:
-        if not session.is_closed and sum(t.done for t in first) >= threshold:
+        nonlocal at_cut
+        if not session.is_closed and (written := sum(t.done for t in first)) >= threshold:
+            at_cut = written
             session.abort()
 
     async with session:
         await send_with_progress(
-            session, first, parallel=args.parallel, progress=args.progress, on_progress=maybe_cut
+            session,
+            first,
+            parallel=args.parallel,
+            progress=args.progress,
+            on_progress=maybe_cut,
+            cut=lambda: session.is_closed,
         )
     complete = sum(t.status == "done" for t in first)
+    total = sum(t.size for t in first)
     print(
-        f"-- the connection was cut at {args.interrupt}% ({complete} files complete, "
-        f"{len(first) - complete} not); the receiver keeps the partial files. Resuming on a new "
-        "connection: only what is missing is sent.",
+        f"-- the connection was cut at {args.interrupt}% ({format_bytes(at_cut)} of {format_bytes(total)} "
+        f"written; {complete} files complete, {len(first) - complete} not); the receiver keeps the "
+        "partial files. Resuming on a new connection: only what is missing is sent.",
         flush=True,
     )
 

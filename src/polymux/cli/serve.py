@@ -1,10 +1,12 @@
-"""``polymux serve``: a server that echoes (or discards) every channel of every session,
-logging one line per channel (name, peer, bytes in and out, seconds, outcome).
+"""polymux serve: a server that echoes (or discards) every channel of every session,
+logging one line per channel on stderr (name, peer, bytes in and out, seconds, outcome).
 
-Ends cleanly on Ctrl-C or SIGTERM: stops listening, closes the sessions (bounded by
-``close_timeout``), removes its unix socket, prints a summary and exits 0. The first line
-on stdout says where it listens (with the real port when ``--tcp HOST:0``). Exit status:
-0 after a clean stop, 1 if it cannot listen, 2 for bad arguments.
+The first line on stdout says what it does and where it listens, with the real port when
+given --tcp HOST:0, for every format ("polymux serve: echo yamux on tcp:127.0.0.1:9000").
+On formats whose channels are one-way (omnistreams: the opener writes, the acceptor reads)
+it discards, and the second line says why. Ctrl-C or SIGTERM stops it cleanly: it stops
+listening, closes the sessions (bounded by close_timeout), removes its unix socket, prints
+a summary and exits 0. A server that cannot listen exits 1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import dataclass
 
 import polymux
 from polymux.apps.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STATUS,
     Address,
     add_address_options,
     add_session_options,
@@ -52,8 +57,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``polymux serve``."""
     parser = sub.add_parser(
         "serve",
-        help="echo or discard every channel (a peer for `polymux connect`)",
+        help="echo or discard every channel (a peer for polymux connect)",
         description=__doc__,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_session_options(parser)
@@ -112,11 +118,11 @@ async def _serve(
     protocol: str, address: Address, mode: str, options: dict[str, object], max_connections: int = 1024
 ) -> int:
     loop = asyncio.get_running_loop()
+    note = None
     if mode == "echo" and not two_way(protocol):
-        print(
+        note = (
             f"polymux serve: {protocol} channels are one-way (the opener writes, we read): "
-            "echo is impossible, serving in discard mode",
-            flush=True,
+            "echo is impossible, serving in discard mode"
         )
         mode = "discard"
     echo = mode == "echo"
@@ -168,8 +174,11 @@ async def _serve(
         )
     except OSError as exc:
         print(f"polymux serve: cannot listen on {address}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
+    # The first line is where we listen, whatever the format (scripts wait for it).
     print(f"polymux serve: {mode} {protocol} on {listening_on(server, address)}", flush=True)
+    if note is not None:
+        print(note, flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -191,7 +200,7 @@ async def _serve(
         f"({totals.failed} failed), {format_bytes(totals.bytes_in)} in, {format_bytes(totals.bytes_out)} out",
         flush=True,
     )
-    return 0
+    return EXIT_OK
 
 
 def _fmt_peer(peer: object) -> str:

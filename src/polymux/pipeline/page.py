@@ -4,16 +4,24 @@ small aggregated tables) and the head of every report table."""
 from __future__ import annotations
 
 import html
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-__all__ = ["write_html"]
+__all__ = ["PLOTS_MISSING", "write_html"]
+
+logger = logging.getLogger("polymux.pipeline")
+
+PLOTS_MISSING = (
+    "no plots: matplotlib is not installed (it comes with the spark extra: pip install 'polymux[spark]')"
+)
+"""What the report says (and logs) instead of its plots when matplotlib is missing."""
 
 _TOP_SERIES = 12
 _TOP_STALLS = 25
@@ -34,13 +42,21 @@ def _label(session: str, channel: str, direction: str, many_sessions: bool) -> s
     return f"{where}ch {channel or '(session)'} {direction}"
 
 
-def _plot_throughput(throughput: pd.DataFrame, target: Path) -> bool:
-    import matplotlib
-
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if throughput.empty:
+    return plt
+
+
+def _plot_throughput(throughput: pd.DataFrame, target: Path) -> bool:
+    plt = _pyplot()
+    if plt is None or throughput.empty:
         return False
     keys = ["session", "channel", "direction"]
     totals = throughput.groupby(keys)["bytes"].sum().sort_values(ascending=False)
@@ -73,12 +89,8 @@ def _plot_throughput(throughput: pd.DataFrame, target: Path) -> bool:
 
 
 def _plot_stalls(stall_totals: pd.DataFrame, target: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if stall_totals.empty:
+    plt = _pyplot()
+    if plt is None or stall_totals.empty:
         return False
     top = stall_totals.sort_values("stalled_s", ascending=False).head(_TOP_STALLS).iloc[::-1]
     many = stall_totals["session"].nunique() > 1
@@ -108,8 +120,13 @@ def write_html(
     out: Path, tables: Mapping[str, pd.DataFrame], *, title: str = "polymux traffic report"
 ) -> Path:
     """Write ``out/index.html``, ``out/throughput.png`` and ``out/stalls.png`` from the
-    collected report tables; return the HTML file's path."""
+    collected report tables; return the HTML file's path. Without matplotlib the page has
+    its tables and says why the plots are missing (:data:`PLOTS_MISSING`, also logged)."""
     out = Path(out)
+    plots = _pyplot() is not None
+    if not plots:
+        logger.warning("polymux analyze: %s", PLOTS_MISSING)
+    missing = f'<p class="note">({html.escape(PLOTS_MISSING)})</p>'
     has_tp = _plot_throughput(tables["throughput"], out / "throughput.png")
     has_st = _plot_stalls(tables["stall_totals"], out / "stalls.png")
     sessions = tables["sessions"]
@@ -128,13 +145,15 @@ def write_html(
         "<h2>Throughput over time</h2>",
         '<img src="throughput.png" alt="throughput over time">'
         if has_tp
-        else '<p class="note">(no data)</p>',
+        else (missing if not plots else '<p class="note">(no data)</p>'),
         "<h2>Flow-control stalls</h2>",
         (
             '<p class="note">A stall lasts from the frame that brought a sender\'s credit on a channel to '
             "zero or below until the next frame that raised it above zero, or the end of the capture.</p>"
         ),
-        '<img src="stalls.png" alt="stalls per channel">' if has_st else '<p class="note">(no stalls)</p>',
+        '<img src="stalls.png" alt="stalls per channel">'
+        if has_st
+        else (missing if not plots else '<p class="note">(no stalls)</p>'),
         _table(tables["stall_totals"], "stalled_s"),
         "<h2>Protocol violations</h2>",
         _table(tables["violations"]),

@@ -463,7 +463,7 @@ class CaptureRecorder:
         max_queued_bytes: int = 64 * 1024 * 1024,
         compression: str = "none",
     ) -> None:
-        import pyarrow  # noqa: F401 - fail here, not on the first session, if it is missing
+        _prepare_writer()  # fail here if pyarrow is missing; and nothing is imported at exit
 
         if rotate_bytes <= 0 or batch_bytes <= 0 or max_queued_bytes <= 0:
             raise ValueError(
@@ -482,6 +482,9 @@ class CaptureRecorder:
         self._files: list[_SessionFiles] = []
         self._errors: list[Exception] = []
         self._closed = False
+        # Closed at interpreter exit if the caller forgets: from now on, not from the first
+        # write (a session that never filled a batch would otherwise be lost).
+        _open_recorders.add(self)
 
     def __call__(self, info: Mapping[str, str]) -> _CaptureSink:
         """Start recording one session (the :data:`polymux.CaptureFactory` call)."""
@@ -518,7 +521,6 @@ class CaptureRecorder:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="polymux-capture", daemon=True)
                 self._thread.start()
-                _open_recorders.add(self)
 
     def _submit(self, files: _SessionFiles, rows: list[_Row], size: int) -> None:
         if self._thread is None:
@@ -536,14 +538,27 @@ class CaptureRecorder:
         while True:
             item = q.get()
             try:
-                if item[0] == "write":
-                    item[1].write(item[2], item[3])
-                elif item[0] == "close":
-                    item[1].close()
-                elif item[0] == "stop":
+                if item[0] == "stop":
                     return
+                self._do(item)
             finally:
                 q.task_done()
+
+    def _do(self, item: tuple[Any, ...]) -> None:
+        """One queued write or close. An unexpected error stops that session's recording
+        (kept in :attr:`errors`), never the thread: a dead thread would block the sessions
+        that wait for room in the queue."""
+        files: _SessionFiles = item[1]
+        try:
+            if item[0] == "write":
+                files.write(item[2], item[3])
+            elif item[0] == "close":
+                files.close()
+        except Exception as exc:  # noqa: BLE001 - reported through errors and the log
+            files.failed = True
+            self._errors.append(exc)
+            logger.warning("polymux.tracing: recording of %s stopped: %r", files.session, exc)
+            files._close_quietly()
 
     def flush(self) -> None:
         """Hand over what open sessions buffered (call this on their event loop's thread)
@@ -562,9 +577,19 @@ class CaptureRecorder:
             sink.close()
         self._closed = True
         thread = self._thread
-        if thread is not None:
+        if thread is not None and thread.is_alive():
             self._queue.put(("stop",))
             thread.join()
+        else:
+            # No writer thread (nothing was handed over before, or interpreter exit, when a
+            # new thread may not start): write what is queued here.
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] != "stop":
+                    self._do(item)
         _open_recorders.discard(self)
 
     def __enter__(self) -> Self:
@@ -575,6 +600,23 @@ class CaptureRecorder:
 
 
 _open_recorders: weakref.WeakSet[CaptureRecorder] = weakref.WeakSet()
+
+
+def _prepare_writer() -> None:
+    """Import (and initialise) everything the writer thread uses, on the caller's thread.
+
+    A recorder left open is closed at interpreter exit, when imports that register exit
+    handlers fail ("can't register atexit after shutdown": pyarrow's first array built from
+    Python objects imports its pandas shim, which imports concurrent.futures), so the
+    capture would be lost. Building one small table now does all of that while it can."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = _table([(0, C2S, b"x")])
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, table.schema) as writer:
+        writer.write_table(table)
+    pa.Table.from_pylist([], frame_schema())
 
 
 @atexit.register
