@@ -403,7 +403,7 @@ function randomToken() {
  * One channel: an outgoing stream (open), an incoming one (accept), or both (a pair).
  * `name`, `metadata` (the creation metadata object: ours when we opened it, the peer's
  * otherwise), `readable` (a ReadableStream of Uint8Array, or null on a send-only stream),
- * `sent` (bytes handed to the WebSocket so far).
+ * `sent` (bytes handed to the WebSocket so far), `received` (bytes that arrived so far).
  */
 export class Channel {
 	constructor(session, name) {
@@ -412,6 +412,7 @@ export class Channel {
 		this.metadata = null
 		this.readable = null
 		this.sent = 0
+		this.received = 0
 		this._out = null
 		this._in = null
 		this._writable = null
@@ -473,6 +474,11 @@ export class Channel {
 			abort: reason => this.cancel(String(reason)),
 		})
 		return this._writable
+	}
+
+	/** Bytes that arrived and were not read yet (at most the window). */
+	get buffered() {
+		return this._in ? this._in.queue.reduce((n, chunk) => n + chunk.length, 0) : 0
 	}
 
 	/** Messages the peer still lets us send (0 while its window is full). */
@@ -556,6 +562,7 @@ export class Channel {
 		if (payload.length > state.chunk) throw this.session._protocol(`STREAM_DATA of ${payload.length} bytes on stream ${state.id} exceeds its chunkSize ${state.chunk}`)
 		if (state.credit <= 0) throw this.session._protocol(`STREAM_DATA beyond the credit on stream ${state.id} (${state.window} messages requested)`)
 		state.credit--
+		this.received += payload.length
 		if (!payload.length) return this._consumed()
 		state.queue.push(payload)
 		this._wakeIn()
