@@ -34,7 +34,7 @@ from typing import Any
 from polymux.apps.chat import CHANNEL_PREFIX, ChatServer
 from polymux.apps.common import format_bytes
 from polymux.apps.filetransfer import CHUNK, PART_SUFFIX, Receiver, UnsafeName, destination
-from polymux.apps.records import RecordError, field, read_record, write_record
+from polymux.apps.records import RecordError, encode_record, field, read_record, write_record
 from polymux.exceptions import PolymuxError
 
 
@@ -55,18 +55,23 @@ class Download:
     """The channel's transport (its write buffer holds what has no credit yet)."""
     sent: int = 0
     """Bytes read from the file and written to the channel."""
+    records: int = 0
+    """Bytes of records written to the channel before the file's bytes."""
     waiting: bool = False
     """True while the writer waits on ``drain()`` (the page is not reading fast enough)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The download as JSON-able values; ``buffered``: of the bytes sent, those still in
-        the channel's write buffer (not on the wire yet)."""
+        """The download as JSON-able values; ``buffered``: bytes written to the channel and
+        still in its write buffer (no credit for them yet); ``on_wire``: all the others,
+        records included (what the page has received, or will once they arrive)."""
+        buffered = self.transport.get_write_buffer_size()
         return {
             "id": self.id,
             "name": self.name,
             "size": self.size,
             "sent": self.sent,
-            "buffered": self.transport.get_write_buffer_size(),
+            "buffered": buffered,
+            "on_wire": self.records + self.sent - buffered,
             "waiting": self.waiting,
         }
 
@@ -95,6 +100,8 @@ class WebChat:
         self.root = self.receiver.root
         self.downloads: dict[int, Download] = {}
         """Downloads in progress, by id."""
+        self.served = 0
+        """Downloads completed."""
         self._ids = itertools.count(1)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -162,8 +169,9 @@ class WebChat:
             size = os.fstat(f.fileno()).st_size
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise OSError(f"{name!r} is not a regular file")
-            write_record(writer, {"type": "file", "name": name, "size": size})
-            download = Download(next(self._ids), name, size, writer.transport)
+            head = encode_record({"type": "file", "name": name, "size": size})
+            writer.write(head)
+            download = Download(next(self._ids), name, size, writer.transport, records=len(head))
             self.downloads[download.id] = download
             try:
                 digest = await self._send_bytes(f, writer, download)
@@ -172,6 +180,7 @@ class WebChat:
         write_record(writer, {"type": "end", "sha256": digest})
         writer.write_eof()
         await writer.drain()
+        self.served += 1
         self.log(f"sent: {name} ({format_bytes(size)}, sha256 {digest[:16]})")
 
     async def _send_bytes(self, f: Any, writer: asyncio.StreamWriter, download: Download) -> str:
@@ -194,11 +203,13 @@ class WebChat:
         return digest.hexdigest()
 
     def stats(self) -> dict[str, Any]:
-        """Rooms, members, downloads in progress and the process's resident memory (bytes,
-        Linux; ``None`` elsewhere): what ``/stats.json`` of the example server shows."""
+        """Rooms and members, downloads in progress, downloads completed (``served``),
+        upload counters and the process's resident memory (``rss``, bytes, Linux; ``None``
+        elsewhere): what ``/stats.json`` of the example server shows."""
         return {
             "rooms": {room: sorted(members) for room, members in self.chat.rooms.items()},
             "downloads": [d.as_dict() for d in self.downloads.values()],
+            "served": self.served,
             "uploads": asdict(self.receiver.stats),
             "rss": _rss(),
         }
