@@ -85,8 +85,9 @@ class Chromium:
         self._drainer: asyncio.Task[None] | None = None
 
     @classmethod
-    async def launch(cls, executable: str, user_data_dir: Path, *, timeout: float = 30) -> Chromium:
-        """Start ``executable`` headless with a fresh profile in ``user_data_dir`` and connect."""
+    async def launch(cls, executable: str, user_data_dir: Path, *, timeout: float = 30) -> Chromium:  # noqa: ASYNC109
+        """Start ``executable`` headless with a fresh profile in ``user_data_dir`` and connect
+        (``timeout``: for the browser to listen)."""
         proc = await asyncio.create_subprocess_exec(
             executable,
             *FLAGS,
@@ -147,7 +148,9 @@ class Chromium:
             if not future.done():
                 future.set_exception(error)
 
-    async def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> Any:
+    async def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+    ) -> Any:
         """Call ``method``; return its result or raise ``PageError`` with the protocol's error."""
         call_id = next(self._ids)
         message: dict[str, Any] = {"id": call_id, "method": method, "params": params or {}}
@@ -222,7 +225,9 @@ class Page:
             details = params.get("exceptionDetails", {})
             self.errors.append(details.get("exception", {}).get("description") or details.get("text", "?"))
         elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
-            self.errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
+            self.errors.append(
+                " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
+            )
 
     async def send(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """A DevTools call on this tab."""
@@ -256,14 +261,13 @@ class Page:
             """new Promise(resolve => {
                 const check = () => {
                     let value
-                    try { value = (%s) } catch (e) { value = undefined }
+                    try { value = (PREDICATE) } catch (e) { value = undefined }
                     if (value) { observer.disconnect(); resolve(value) }
                 }
                 const observer = new MutationObserver(check)
                 observer.observe(document, {subtree: true, childList: true, attributes: true, characterData: true})
                 check()
-            })"""
-            % predicate
+            })""".replace("PREDICATE", predicate)
         )
 
     async def node(self, selector: str) -> str:

@@ -99,4 +99,3 @@ async def webchat(procs: Procs, tmp_path: Path) -> WebChatServer:
     tcp = await server.line(r" on tcp:127\.0\.0\.1:(\d+)$")
     web = await server.line(r"web page on (http://\S+/) ")
     return WebChatServer(server, web.group(1), int(tcp.group(1)), files)
-

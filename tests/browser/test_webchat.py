@@ -94,12 +94,13 @@ async def transfer_done(page: Page, kind: str, name: str) -> dict[str, str]:
 
 
 async def poll(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 30) -> Any:  # noqa: ASYNC109
-    """Re-check ``check()`` (each check is a round trip to the browser and the server) until it
-    returns a truthy value. Used where the condition spans two processes and no event marks it."""
+    """Re-check ``check()`` until it returns a truthy value, and return that. For a condition
+    that spans two other processes (the server and the browser) and that no event marks: each
+    check is a round trip to both; the pause only paces the checks, nothing relies on it."""
     try:
         async with asyncio.timeout(timeout):
-            while not (value := await check()):
-                await asyncio.sleep(0.02)  # pacing between round trips, not a wait for an event
+            while not (value := await check()):  # noqa: ASYNC110 - see the docstring
+                await asyncio.sleep(0.02)
             return value
     except TimeoutError:
         raise AssertionError(f"no {what} within {timeout} s") from None
@@ -170,9 +171,11 @@ async def test_upload_and_download_verified(browser: Browser, webchat: WebChatSe
     digest = random_file(source, size)
     saved = asyncio.Event()
     browser.chromium.listen(
-        lambda method, params, _s: saved.set()
-        if method == "Browser.downloadProgress" and params.get("state") == "completed"
-        else None
+        lambda method, params, _s: (
+            saved.set()
+            if method == "Browser.downloadProgress" and params.get("state") == "completed"
+            else None
+        )
     )
     async with asyncio.timeout(90):
         await open_page(page, webchat.url)
@@ -227,19 +230,23 @@ async def test_transfers_at_once_and_chat_stays_responsive(
             await term.say("lobby", "terminal still here")
             echo = await message_in_page(page, "lobby", "term", "terminal still here")
             assert echo
-            state = await page.evaluate(f"document.querySelector('.transfer[data-name={js(held)}]').dataset.state")
+            state = await page.evaluate(
+                f"document.querySelector('.transfer[data-name={js(held)}]').dataset.state"
+            )
             assert state == "running"  # chat went through while that download was held
 
             rows = [await transfer_done(page, "upload", name) for name in uploads]
             for (name, digest), row in zip(uploads.items(), rows, strict=True):
                 assert row["sha256"] == digest
                 assert sha256(webchat.files / name) == digest
-            for name in downloads:
+            for name, digest in downloads.items():
                 if name != held:
-                    assert (await transfer_done(page, "download", name))["sha256"] == downloads[name]
+                    assert (await transfer_done(page, "download", name))["sha256"] == digest
             own = await message_in_page(page, "lobby", "web", "while transferring")
 
-            await page.evaluate(f"document.querySelector('.transfer[data-name={js(held)}] button.pause').click()")
+            await page.evaluate(
+                f"document.querySelector('.transfer[data-name={js(held)}] button.pause').click()"
+            )
             assert (await transfer_done(page, "download", held))["sha256"] == downloads[held]
     print(f"\nchat round trip from the page during the transfers: {own['rttMs']} ms")
     assert page.errors == []
@@ -272,7 +279,9 @@ async def test_slow_page_throttles_the_server(browser: Browser, webchat: WebChat
             if not downloads:
                 return None  # not started yet
             server = downloads[0]
-            got = await page.evaluate(f"(c => c && {{received: c.received, buffered: c.buffered}})({channel})")
+            got = await page.evaluate(
+                f"(c => c && {{received: c.received, buffered: c.buffered}})({channel})"
+            )
             if not got or not server["waiting"] or server["on_wire"] != got["received"]:
                 return None
             return {"server": server, "page": got, "rss": stats["rss"]}

@@ -27,6 +27,7 @@ export const NUMBERINGS = Object.freeze({
 	legacy: Object.freeze({ CREATE: 0, DATA: 1, END: 2, CANCEL_SEND: 3, REQUEST_DATA: 4, CONTROL: 5 }),
 })
 
+const NAMES = { CONTROL: 'CONTROL_MESSAGE', CREATE: 'CREATE_RECEIVE_STREAM', DATA: 'STREAM_DATA', END: 'STREAM_END', CANCEL_RECEIVE: 'CANCEL_RECEIVE_STREAM', REQUEST_DATA: 'STREAM_REQUEST_DATA', CANCEL_SEND: 'CANCEL_SEND_STREAM' }
 const OPEN = 1 // WebSocket.OPEN
 const MAX_CONTROLS = 1024 // unread control messages before the session fails (bounded memory)
 const encoder = new TextEncoder()
@@ -246,11 +247,11 @@ export class Session {
 		const kind = this._kinds.get(bytes[0])
 		if (kind === undefined) throw this._protocol(`unknown message type ${bytes[0]} (the ${this.format} numbering has 0..${this._kinds.size - 1})`)
 		if (kind === 'CONTROL') return this._onControl(bytes.slice(1))
-		if (bytes.length < 2) throw this._protocol(`${kind} message of 1 byte has no stream id byte`)
+		if (bytes.length < 2) throw this._protocol(`${NAMES[kind]} message of 1 byte has no stream id byte`)
 		const id = bytes[1]
 		const payload = bytes.subarray(2)
 		if (kind === 'REQUEST_DATA' && payload.length !== 1) throw this._protocol(`STREAM_REQUEST_DATA for stream ${id} has ${payload.length} count bytes (expected 1)`)
-		if ((kind === 'END' || kind.startsWith('CANCEL')) && payload.length) throw this._protocol(`${kind} for stream ${id} carries ${payload.length} unexpected bytes`)
+		if ((kind === 'END' || kind.startsWith('CANCEL')) && payload.length) throw this._protocol(`${NAMES[kind]} for stream ${id} carries ${payload.length} unexpected bytes`)
 		if (kind === 'CREATE') return this._onCreate(id, payload)
 		if (kind === 'DATA' || kind === 'END') {
 			const channel = this._receivers.get(id)
@@ -259,7 +260,7 @@ export class Session {
 				if (kind === 'END') this._cancelled.delete(id) // it ended before our cancel arrived
 				return
 			}
-			if (this._ended.has(id)) throw this._protocol(`${kind === 'DATA' ? 'STREAM_DATA' : 'STREAM_END'} for stream ${id} after its STREAM_END`)
+			if (this._ended.has(id)) throw this._protocol(`${NAMES[kind]} for stream ${id} after its STREAM_END`)
 			if (kind === 'END') throw this._protocol(`STREAM_END for stream ${id}, which was never created`)
 			this._cancelled.add(id) // the spec: ignore the data and cancel the stream
 			return this._send(this._codes.CANCEL_SEND, id, null)
