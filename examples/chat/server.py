@@ -50,6 +50,16 @@ PAGE = Path(__file__).resolve().parent / "web"
 """The web page's files."""
 
 
+def terminal_hint(args: argparse.Namespace, where: Address) -> str:
+    """How a terminal client joins the rooms the page shows."""
+    python = os.path.relpath(sys.executable)
+    python = sys.executable if python.startswith("..") else python
+    return (
+        f"chat: terminal clients join with: {python} examples/chat/client.py "
+        f"--protocol {args.protocol} --tcp {where.host}:{where.port} --nick NAME --room lobby"
+    )
+
+
 async def serve_web(chat: ChatServer, address: Address, args: argparse.Namespace) -> polymux.Server:
     """The page and its channels on one port: HTTP GETs get the page's files, the
     WebSocket at /ws carries omnistreams."""
@@ -85,6 +95,10 @@ async def main(args: argparse.Namespace) -> int:
             print(f"chat: {args.protocol} on {listening_on(server, address)}", flush=True)
         if args.web:
             servers.append(await serve_web(chat, parse_address(args.web, None), args))
+            if args.tcp:
+                print(
+                    terminal_hint(args, listening_on(servers[0], parse_address(args.tcp, None))), flush=True
+                )
     except OSError as exc:
         print(f"chat: cannot listen: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import polymux
+from cli.procs import Procs
 from polymux.apps.chat import ChatClient
 from polymux.apps.filetransfer import CHUNK
 
@@ -118,7 +119,9 @@ def test_missing_browser_fails_with_install_hint(tmp_path: Path) -> None:
         find_chromium({"PATH": "", "POLYMUX_CHROMIUM": "/nonexistent"})
 
 
-async def test_page_and_terminal_chat_both_ways(browser: Browser, webchat: WebChatServer) -> None:
+async def test_page_and_terminal_chat_both_ways(
+    browser: Browser, webchat: WebChatServer, procs: Procs
+) -> None:
     page = browser.page
     async with asyncio.timeout(60):
         await open_page(page, webchat.url + "?nick=web&room=lobby")
@@ -161,6 +164,18 @@ async def test_page_and_terminal_chat_both_ways(browser: Browser, webchat: WebCh
             assert record is not None and record["nick"] == "web"
             stats = await webchat.stats()
             assert stats["rooms"] == {"lobby": ["term", "web"], "dev": ["term"]}
+
+        # The terminal client of the README (examples/chat/client.py) meets the page too.
+        client = await procs.example(
+            "chat/client.py",
+            *("--protocol", "mstream-v3", "--tcp", f"127.0.0.1:{webchat.tcp_port}"),
+            *("--nick", "ada", "--room", "lobby", "--say", "hi from client.py", "--until", "bye ada"),
+            name="client.py",
+        )
+        await message_in_page(page, "lobby", "ada", "hi from client.py")
+        await say_in_page(page, "bye ada")
+        assert await client.wait() == 0, client.describe()
+        assert "[#lobby] web: bye ada" in client.out, client.describe()
     assert page.errors == []
 
 
