@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 import polymux
 from polymux.apps.chat import ChatServer
@@ -80,6 +81,12 @@ async def test_static_files_and_websocket_share_a_port(
     assert status == 404
     status, _kind, body = await asyncio.to_thread(get, base + "/gone.css")
     assert status == 500 and b"missing.css" in body
+    # A page from another site may not use the server's WebSocket; the page's own site may.
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    with pytest.raises(InvalidStatus, match="HTTP 403"):
+        await polymux.connect_websocket(url, origin="http://elsewhere.example")
+    session = await polymux.connect_websocket(url, origin=f"http://127.0.0.1:{server.port}")
+    await session.aclose()
     # The same port still speaks omnistreams over WebSocket.
     async with await polymux.connect_websocket(f"ws://127.0.0.1:{server.port}/ws") as session:
         reader, writer = await session.open_pair("files/list")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
+from urllib.parse import urlsplit
 
 
 if TYPE_CHECKING:
@@ -60,7 +61,10 @@ StaticSource: TypeAlias = Path | bytes | Callable[[], bytes]
 
 
 def static_files(
-    files: Mapping[str, StaticSource] | None = None, *, client_url: str | None = CLIENT_URL
+    files: Mapping[str, StaticSource] | None = None,
+    *,
+    client_url: str | None = CLIENT_URL,
+    same_origin: bool = True,
 ) -> Callable[[ServerConnection, Request], Response | None]:
     """A ``process_request`` hook for :func:`polymux.serve_websocket` that serves a few files.
 
@@ -71,10 +75,15 @@ def static_files(
             Only these exact paths are served (the query string is ignored); nothing is
             looked up on disk from the request.
         client_url: where to serve ``omnistreams.js`` (``None``: not at all).
+        same_origin: refuse (403) a WebSocket upgrade whose ``Origin`` header names
+            another site than the ``Host`` it was sent to. Browsers let any page open a
+            WebSocket to any server (no CORS), so without this a page from elsewhere,
+            open in the same browser, could use the server as if it were ours. Clients
+            that send no ``Origin`` (polymux, Node) are not affected.
 
     Returns:
         A callable for ``process_request=``: a WebSocket upgrade goes through to the
-        session; a ``GET`` of a known path gets the file (``Cache-Control: no-cache``,
+        session (unless refused as above); a ``GET`` of a known path gets the file (``Cache-Control: no-cache``,
         the content type from its suffix); any other path gets a 404. A file that cannot
         be read gets a 500 naming it. Meant for a page's few files: bulk data belongs on
         channels, where credit bounds memory.
@@ -91,6 +100,9 @@ def static_files(
         from websockets.http11 import Response
 
         if request.headers.get("Upgrade", "").lower() == "websocket":
+            origin = request.headers.get("Origin")
+            if same_origin and origin is not None and urlsplit(origin).netloc != request.headers.get("Host"):
+                return connection.respond(403, f"cross-origin WebSocket refused: Origin {origin}\n")
             return None
         path = request.path.split("?", 1)[0]
         source = table.get(path)
