@@ -68,7 +68,7 @@ async function join(room) {
 	const list = element('ol', { 'data-room': room })
 	const view = { room, nick, list, channel: null, tab: null, pending: new Map() }
 	try {
-		const channel = await state.session.openPair(`chat/${room}`)
+		const channel = await session().openPair(`chat/${room}`)
 		await channel.write(encodeRecord({ type: 'join', room, nick }))
 		const reader = new RecordReader(channel.readable)
 		const welcome = await reader.record()
@@ -167,9 +167,10 @@ async function leave(room) {
 	else select(null)
 	try {
 		await view.channel.write(encodeRecord({ type: 'leave' }))
-	} finally {
-		view.channel.close()
+	} catch {
+		// the channel is gone already: nothing to say
 	}
+	view.channel.close()
 }
 
 // -- file transfers ---------------------------------------------------------------------------
@@ -263,6 +264,12 @@ async function* blobChunks(blob) {
 	}
 }
 
+/** The session, or an error that says why there is none. */
+function session() {
+	if (!state.session || state.session.error) throw new Error(state.session ? state.session.error.message : 'not connected')
+	return state.session
+}
+
 function expect(record, type, what) {
 	if (!record) throw new Error(`the server closed the channel ${what}`)
 	if (record.type === 'error') throw new Error(record.message)
@@ -274,7 +281,7 @@ function expect(record, type, what) {
 async function upload(file) {
 	const t = new Transfer('upload', file.name, file.size)
 	try {
-		const channel = (t.channel = await state.session.openPair('files/put'))
+		const channel = (t.channel = await session().openPair('files/put'))
 		await channel.write(encodeRecord({ type: 'offer', name: file.name, size: file.size }))
 		const reader = new RecordReader(channel.readable)
 		const accept = expect(await reader.record(), 'accept', 'without an answer')
@@ -318,7 +325,7 @@ async function upload(file) {
 async function download(name) {
 	const t = new Transfer('download', name, 0)
 	try {
-		const channel = (t.channel = await state.session.openPair('files/get'))
+		const channel = (t.channel = await session().openPair('files/get'))
 		await channel.write(encodeRecord({ type: 'get', name }))
 		await channel.end()
 		const reader = new RecordReader(channel.readable)
@@ -348,7 +355,7 @@ async function download(name) {
 
 async function refreshFiles() {
 	try {
-		const channel = await state.session.openPair('files/list')
+		const channel = await session().openPair('files/list')
 		await channel.write(encodeRecord({ type: 'list' }))
 		await channel.end()
 		const answer = expect(await new RecordReader(channel.readable).record(), 'files', 'without an answer')
@@ -384,13 +391,16 @@ $('#pick').addEventListener('change', event => {
 	for (const file of event.target.files) upload(file)
 	event.target.value = ''
 })
+// Files dropped anywhere on the page are uploaded (the browser would otherwise open them).
 const drop = $('#drop')
-drop.addEventListener('dragover', event => {
+window.addEventListener('dragover', event => {
 	event.preventDefault()
 	drop.classList.add('over')
 })
-drop.addEventListener('dragleave', () => drop.classList.remove('over'))
-drop.addEventListener('drop', event => {
+window.addEventListener('dragleave', event => {
+	if (!event.relatedTarget) drop.classList.remove('over')
+})
+window.addEventListener('drop', event => {
 	event.preventDefault()
 	drop.classList.remove('over')
 	for (const file of event.dataTransfer.files) upload(file)
