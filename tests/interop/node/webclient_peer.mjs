@@ -34,6 +34,7 @@ import crypto from 'node:crypto'
 import { WebSocket, WebSocketServer } from 'ws'
 import { Multiplexer, WebSocketTransport, encodeObject, decodeObject } from 'omnistreams'
 import { Session, connect, OmnistreamsError } from '../../../src/polymux/web/omnistreams.js'
+import { readAll as npmReadAll, writeWithinCredit as npmWrite } from './omnistreams_npm.mjs'
 
 const t0 = Date.now()
 const opts = { mode: null, url: null, timeoutMs: 90000 }
@@ -104,53 +105,6 @@ async function readAll(readable) {
 /** Write `buf` through ours in 100,000-byte writes (not a multiple of the chunk size). */
 async function writeAll(channel, buf) {
 	for (let off = 0; off < buf.length; off += 100000) await channel.write(buf.subarray(off, off + 100000))
-}
-
-// -- npm omnistreams helpers (as in omnistreams_peer.mjs) --------------------------------------
-
-function npmReadAll(producer, window = 16) {
-	return new Promise((resolve, reject) => {
-		const parts = []
-		producer.onData(data => {
-			parts.push(Buffer.from(data.buffer, data.byteOffset, data.byteLength))
-			producer.request(1)
-		})
-		producer.onEnd(() => resolve(Buffer.concat(parts)))
-		producer.onTermination(() => reject(new Error('terminated')))
-		producer.request(window)
-	})
-}
-
-function npmWrite(consumer, buf, { chunk = 65536, endless = false } = {}) {
-	return new Promise(resolve => {
-		let demand = 0
-		let offset = 0
-		let done = false
-		consumer.onTermination(() => {
-			if (!done) {
-				done = true
-				resolve('terminated')
-			}
-		})
-		const pump = () => {
-			while (!done && demand > 0 && (endless || offset < buf.length)) {
-				const start = endless ? 0 : offset
-				const piece = buf.subarray(start, Math.min(start + chunk, buf.length))
-				consumer.write(new Uint8Array(piece.buffer, piece.byteOffset, piece.byteLength))
-				offset += piece.length
-				demand--
-			}
-			if (!done && !endless && offset >= buf.length) {
-				done = true
-				consumer.end()
-				resolve('ended')
-			}
-		}
-		consumer.onRequest(n => {
-			demand += n
-			pump()
-		})
-	})
 }
 
 // -- ours <-> npm -----------------------------------------------------------------------------
