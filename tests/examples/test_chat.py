@@ -123,7 +123,7 @@ async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> 
     assert await ok.wait() == 0
     assert await bob.wait() == 0 and "received 1 messages from others" in bob.stdout
     bad = await procs.example("chat/server.py", "--protocol", "mplex")
-    assert await bad.wait() == 2 and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
+    assert await bad.wait() == 2 and "--tcp HOST:PORT, --unix PATH and/or --web HOST:PORT" in bad.stderr
 
 
 async def test_interactive_client_two_rooms_over_streamux(procs: Procs, short_tmp: Path) -> None:
