@@ -38,10 +38,13 @@ class Browser:
 async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
     """Headless Chromium with a fresh profile under ``tmp_path``, one tab, downloads saved in
     ``tmp_path / "downloads"``. Fails (never skips) when no Chromium is installed."""
+    missing: BrowserMissing | None = None
     try:
         executable = find_chromium()
     except BrowserMissing as exc:
-        pytest.fail(str(exc))
+        missing = exc
+    if missing is not None:
+        pytest.fail(str(missing))
     profile = tmp_path / "profile"
     profile.mkdir()
     downloads = tmp_path / "downloads"
