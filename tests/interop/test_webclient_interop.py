@@ -168,13 +168,14 @@ async def test_web_client_reports_protocol_errors(node_peers: Path, case: str) -
     from websockets.asyncio.server import ServerConnection, serve
 
     messages, expected = ERRORS[case]
+    grants: list[int] = []  # STREAM_REQUEST_DATA counts for our stream 0
 
     async def broken(ws: ServerConnection) -> None:
         await ws.recv()  # the client's first CREATE_RECEIVE_STREAM
         for message in messages():
             await ws.send(message)
-        async for _ in ws:  # read what the client still sends (credit), up to its close
-            pass
+        # Read what the client still sends (credit), up to its close.
+        grants.extend([got[2] async for got in ws if isinstance(got, bytes) and got[:2] == bytes((5, 0))])
 
     async with serve(broken, "127.0.0.1", 0) as server:
         port = next(iter(server.sockets)).getsockname()[1]
@@ -185,3 +186,6 @@ async def test_web_client_reports_protocol_errors(node_peers: Path, case: str) -
     assert str(summary["error"]).startswith("omnistreams: "), summary
     assert re.search(expected, str(summary["error"])), summary
     assert summary["ws_code"] == 1002, summary
+    if case == "chunk over chunkSize":
+        # 4-byte chunks: the client grants 1,020 messages (its cap), not 1 MiB / 4 of them.
+        assert grants == [255, 255, 255, 255]

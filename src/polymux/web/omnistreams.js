@@ -30,6 +30,7 @@ export const NUMBERINGS = Object.freeze({
 const NAMES = { CONTROL: 'CONTROL_MESSAGE', CREATE: 'CREATE_RECEIVE_STREAM', DATA: 'STREAM_DATA', END: 'STREAM_END', CANCEL_RECEIVE: 'CANCEL_RECEIVE_STREAM', REQUEST_DATA: 'STREAM_REQUEST_DATA', CANCEL_SEND: 'CANCEL_SEND_STREAM' }
 const OPEN = 1 // WebSocket.OPEN
 const MAX_CONTROLS = 1024 // unread control messages before the session fails (bounded memory)
+const MAX_GRANT = 4 * 255 // messages granted per stream: a peer announcing tiny chunks gets no flood of requests
 const encoder = new TextEncoder()
 const decoder = new TextDecoder('utf-8', { fatal: true })
 
@@ -535,7 +536,7 @@ export class Channel {
 	// -- reading ---------------------------------------------------------------------------
 
 	_attachIn(id, chunk, raw) {
-		const window = Math.max(1, Math.floor(this.session.window / chunk))
+		const window = Math.min(MAX_GRANT, Math.max(1, Math.floor(this.session.window / chunk)))
 		const state = { id, chunk, window, credit: 0, batch: Math.max(1, window >> 2), consumed: 0, queue: [], ended: false, error: null, wake: null, controller: null }
 		this._in = state
 		this.rawMetadata = raw // the peer's creation metadata as sent
