@@ -254,9 +254,19 @@ class Page:
             raise PageError(f"{text}\n  in: {expression[:300]}")
         return result["result"].get("value")
 
-    async def wait_for(self, predicate: str) -> Any:
+    async def wait_for(self, predicate: str, timeout: float = 30) -> Any:  # noqa: ASYNC109
         """Wait until the JavaScript expression ``predicate`` is truthy (checked at every
-        DOM change, without polling) and return its value. Bound it with ``asyncio.timeout``."""
+        DOM change, without polling) and return its value; after ``timeout`` seconds raise
+        ``AssertionError`` naming the predicate and the page's errors."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._wait_for(predicate)
+        except TimeoutError:
+            raise AssertionError(
+                f"the page did not show {predicate.strip()!r} within {timeout} s; page errors: {self.errors}"
+            ) from None
+
+    async def _wait_for(self, predicate: str) -> Any:
         return await self.evaluate(
             """new Promise(resolve => {
                 const check = () => {

@@ -157,13 +157,24 @@ async def test_page_and_terminal_chat_both_ways(
             in_lobby = await page.evaluate("document.querySelector('ol[data-room=lobby]').textContent")
             assert "dev answer" not in in_lobby and "in dev only" not in in_lobby
 
+            # A nick taken in a room: the server refuses, the page says why.
+            await term.join("ops")
+            await page.evaluate(
+                "document.querySelector('#nick').value = 'term';"
+                "document.querySelector('#room').value = 'ops';"
+                "document.querySelector('#join').requestSubmit()"
+            )
+            refusal = await page.wait_for("document.querySelector('#notice').textContent")
+            assert refusal == "cannot join #ops: nick 'term' is taken in room 'ops'"
+            assert await page.evaluate("document.querySelector('ol[data-room=ops]')") is None
+
             # The page leaves the room: the terminal is told.
             await page.evaluate("document.querySelector('#rooms button[data-room=dev] .leave').click()")
             while (record := await term.read("dev")) is not None and record["type"] != "left":
                 pass
             assert record is not None and record["nick"] == "web"
             stats = await webchat.stats()
-            assert stats["rooms"] == {"lobby": ["term", "web"], "dev": ["term"]}
+            assert stats["rooms"] == {"lobby": ["term", "web"], "dev": ["term"], "ops": ["term"]}
 
         # The terminal client of the README (examples/chat/client.py) meets the page too.
         client = await procs.example(

@@ -64,6 +64,7 @@ async function start() {
 async function join(room) {
 	const nick = $('#nick').value.trim()
 	if (!room || !nick) return
+	$('#notice').textContent = ''
 	if (state.rooms.has(room)) return select(room)
 	const list = element('ol', { 'data-room': room })
 	const view = { room, nick, list, channel: null, tab: null, pending: new Map() }
@@ -122,9 +123,7 @@ function notice(view, text) {
 }
 
 function alertLine(text) {
-	const view = state.rooms.get(state.active)
-	if (view) notice(view, text)
-	else setStatus(text, 'error')
+	$('#notice').textContent = text
 }
 
 function append(view, item) {

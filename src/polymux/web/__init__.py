@@ -6,9 +6,10 @@ is described in ``docs/browser.md``. :func:`static_files` answers plain HTTP ``G
 requests on the same port as :func:`polymux.serve_websocket`, so one server gives a page,
 its scripts and the WebSocket its channels run on::
 
+    from polymux.web import static_files
+
     server = await polymux.serve_websocket(
-        handler, "127.0.0.1", 8000,
-        process_request=polymux.web.static_files({"/": Path("index.html")}),
+        handler, "127.0.0.1", 8000, process_request=static_files({"/": Path("index.html")})
     )
     # the page: <script type="module"> import { connect } from '/polymux/omnistreams.js' ...
 
