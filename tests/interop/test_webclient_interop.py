@@ -70,6 +70,12 @@ async def test_web_client_against_polymux(node_peers: Path) -> None:
                     session.send_control(f"flood {exc}".encode())
             elif name == "stopper":
                 await reader.readexactly(65536)
+            elif name == "hold":
+                try:
+                    await writer.wait_closed()  # no reading: the client's credit runs out
+                    session.send_control(b"hold closed")
+                except polymux.PolymuxError as exc:
+                    session.send_control(f"hold {exc}".encode())
             else:
                 failures.append(f"unexpected channel {name!r}")
         except Exception as exc:  # noqa: BLE001 - reported by the test below
@@ -114,6 +120,8 @@ async def test_web_client_against_polymux(node_peers: Path) -> None:
     assert "cancelled by the receiver" in str(summary["flood"])
     assert str(summary["stopper"]).startswith("cancelled: omnistreams: stream "), summary["stopper"]
     assert "was cancelled by the receiver" in str(summary["stopper"])
+    assert summary["hold"] == 'cancelled: omnistreams: stream "hold" was cancelled (by the test)', summary
+    assert "cancelled by the" in str(summary["hold_polymux"]), summary
     assert summary["push_write_error"] == "usage"  # a stream polymux opened is receive-only
     assert summary["pushed"] == "push ok"
     assert summary["asked"] == "ask ok"

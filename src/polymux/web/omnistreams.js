@@ -455,14 +455,13 @@ export class Channel {
 		const out = this._out
 		if (out && !out.ended && !out.error) {
 			const { format, _codes: codes } = this.session
-			out.ended = true
+			this._failOut(new OmnistreamsError(`${format}: stream ${JSON.stringify(this.name)} was cancelled (${reason})`, 'cancelled'))
 			try {
 				this.session._send(codes.CANCEL_RECEIVE ?? codes.END, out.id, null)
 			} catch {
 				// the session is gone already
 			}
 			this.session._freeOut(this)
-			this._failOut(new OmnistreamsError(`${format}: stream ${JSON.stringify(this.name)} was cancelled (${reason})`, 'cancelled'))
 		}
 		if (this._in && !this._in.ended && !this._in.error) this._cancelIn(reason)
 	}

@@ -24,6 +24,8 @@
  *   flood     pair: polymux writes forever; we read 256 KiB then cancel reading; polymux
  *             reports the reset it got on a control message "flood <error>"
  *   stopper   pair: polymux reads 64 KiB, then closes: our writes fail with code 'cancelled'
+ *   hold      pair: polymux does not read; we cancel while a write waits for credit; polymux
+ *             reports what its reader got on a control message "hold <error>"
  *   control "push": polymux opens a one-way stream `push` (1 MiB pattern 9) and a pair `ask`
  *             whose data we echo back; it reports "push ok" / "ask ok" on control messages
  *
@@ -326,6 +328,15 @@ async function polymuxMode() {
 	} catch (error) {
 		summary.stopper = `${error.code}: ${error.message}`
 	}
+
+	// We cancel our own stream while a write waits for credit: the write fails at once.
+	const hold = await session.openPair('hold')
+	const waiting = hold.write(new Uint8Array(4 * MiB)) // polymux does not read: credit runs out
+	await new Promise(resolve => setTimeout(resolve, 0)) // the write sent what its credit allowed
+	check(hold.credit === 0 && hold.sent === MiB, `hold: credit ${hold.credit}, sent ${hold.sent}`)
+	hold.cancel('by the test')
+	summary.hold = await waiting.then(() => 'resolved', e => `${e.code}: ${e.message}`)
+	summary.hold_polymux = await control('hold ')
 
 	session.sendControl('push')
 	summary.pushed = await control('push ')
