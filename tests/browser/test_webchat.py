@@ -274,6 +274,28 @@ async def test_transfers_at_once_and_chat_stays_responsive(
                 f"document.querySelector('.transfer[data-name={js(held)}] button.pause').click()"
             )
             assert (await transfer_done(page, "download", held))["sha256"] == downloads[held]
+
+            # Cancel: a download held by the page, then cancelled there, ends on the server too.
+            row = f".transfer[data-name={js(held)}]:not([data-state=done])"
+            await page.evaluate(
+                f"""document.querySelector('#listing a.get[data-name={js(held)}]').click()
+                document.querySelector({js(row + " button.pause")}).click()"""
+            )
+
+            async def held_on_server() -> bool:
+                return bool((await webchat.stats())["downloads"])
+
+            await poll(held_on_server, "download held on the server")
+            await page.evaluate(f"document.querySelector({js(row + ' button.cancel')}).click()")
+            error = await page.wait_for(
+                f"(d => d.state === 'failed' && d.error)(document.querySelector({js(row)}).dataset)"
+            )
+            assert "cancelled by the user" in error
+
+            async def gone_from_server() -> bool:
+                return not (await webchat.stats())["downloads"]
+
+            await poll(gone_from_server, "end of the cancelled download on the server")
     print(f"\nchat round trip from the page during the transfers: {own['rttMs']} ms")
     assert page.errors == []
 

@@ -176,7 +176,7 @@ async function leave(room) {
 
 class Transfer {
 	constructor(kind, name, size) {
-		Object.assign(this, { kind, name, size, done: 0, from: 0, state: 'starting', paused: false, channel: null })
+		Object.assign(this, { kind, name, size, done: 0, from: 0, state: 'starting', paused: false, cancelled: false, channel: null })
 		this.started = performance.now()
 		this.resume = null
 		this.bar = element('progress', { max: Math.max(size, 1), value: 0 })
@@ -184,16 +184,23 @@ class Transfer {
 		this.pause = element('button', { type: 'button', className: 'pause' }, 'pause')
 		this.stop = element('button', { type: 'button', className: 'cancel' }, 'cancel')
 		this.pause.addEventListener('click', () => this.toggle())
-		this.stop.addEventListener('click', () => this.channel?.cancel('cancelled by the user'))
+		this.stop.addEventListener('click', () => this.cancel())
 		const arrow = kind === 'upload' ? '↑' : '↓'
 		this.row = element('li', { className: 'transfer', 'data-kind': kind, 'data-name': name, 'data-state': 'starting' }, element('div', {}, `${arrow} ${name} `, this.pause, ' ', this.stop), this.bar, this.info)
 		$('#transfers').prepend(this.row)
 		state.transfers.push(this)
 	}
 
-	/** Resolves at once unless paused; then when resumed. */
+	/** Resolves at once unless paused; then when resumed. Throws once cancelled. */
 	async gate() {
-		while (this.paused) await new Promise(resolve => (this.resume = resolve))
+		while (this.paused && !this.cancelled) await new Promise(resolve => (this.resume = resolve))
+		if (this.cancelled) throw new Error('cancelled by the user')
+	}
+
+	cancel() {
+		this.cancelled = true
+		this.channel?.cancel('cancelled by the user') // fails a read or write in progress
+		this.resume?.() // and a paused transfer
 	}
 
 	toggle() {
