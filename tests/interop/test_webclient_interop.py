@@ -126,7 +126,9 @@ async def test_web_client_against_polymux(node_peers: Path) -> None:
     assert summary["pushed"] == "push ok"
     assert summary["asked"] == "ask ok"
     assert summary["closed"] == {"code": 1000, "reason": "", "error": None}
-    print(f"\nomnistreams.js in Node <-> polymux: 8 echo pairs of 2 MiB at {summary['echo_mb_s']} MB/s")
+    print(
+        f"\nomnistreams.js in Node <-> polymux: 8 pairs echoing 2 MiB, {summary['echo_mb_s']} MB/s both ways"
+    )
 
 
 def _create(sid: int, meta: object) -> bytes:
