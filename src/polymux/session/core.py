@@ -1007,7 +1007,14 @@ class SessionCore:
     # -- channels ----------------------------------------------------------------------------
 
     def _add_timer(self, when: float, kind: int, handle: int) -> None:
-        heapq.heappush(self._timers, (when, kind, handle))
+        timers = self._timers
+        if len(timers) > 2 * len(self.channels) + 64:
+            # Entries of channels that are gone wait in the heap until due (a churn of
+            # 10,000 channels would keep 10,000): drop them once they are most of it.
+            live = self.channels
+            timers[:] = [t for t in timers if t[2] in live]
+            heapq.heapify(timers)
+        heapq.heappush(timers, (when, kind, handle))
 
     def _channel_timer(self, kind: int, channel: CoreChannel) -> None:
         config = self.config
