@@ -4,10 +4,10 @@ sockets at once, any wire format with two-way channels, and a web page.
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --unix /tmp/chat.sock
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --web 127.0.0.1:8000
 
-``--web HOST:PORT`` also serves the page of ``examples/chat/web/`` over HTTP and its
-channels (omnistreams over WebSocket, at ``/ws``) on that port: browsers and terminal
-clients meet in the same rooms, and the page uploads files to ``--files DIR`` and
-downloads them from there (``polymux.apps.webchat``); ``/stats.json`` shows the rooms and
+--web HOST:PORT also serves the page of examples/chat/web/ over HTTP and its
+channels (omnistreams over WebSocket, at /ws) on that port: browsers and terminal
+clients meet in the same rooms, and the page uploads files to --files DIR and
+downloads them from there (polymux.apps.webchat); /stats.json shows the rooms and
 the downloads in progress.
 
 A slow client never stalls a room: each member has a bounded queue (--queue

@@ -222,7 +222,14 @@ class SessionCore:
         self._ka_mark = 0
         # omnistreams control messages not yet taken by the application.
         self._controls: deque[bytes] = deque()
-        if self._ready:
+
+    def connection_made(self, now: float) -> None:
+        """The connection is up: the clocks start (and, without a handshake, the session is
+        ready: a first ping measures the round-trip time)."""
+        self._now = self._open_stamp = self._last_activity = now
+        if not self._ready:
+            self._handshake_at = now + self.config.handshake_timeout
+        else:
             self._on_ready(now)
 
     # -- the driver's side: events, output, deadlines ----------------------------------------
@@ -413,7 +420,7 @@ class SessionCore:
         self._held_writers.clear()
         self._stall_at = self._handshake_at = self._ping_due = None
         self._ka_opaque = None
-        self._events.append(ce.RoomToOpen())
+        self._events.append(ce.RoomToOpen(everyone=True))
 
     # -- the application's side: the session -------------------------------------------------
 
@@ -599,8 +606,11 @@ class SessionCore:
         self._engine_reset(channel, message)
         self._finish(channel, None)
 
-    def consumed(self, handle: int, n: int) -> None:
-        """The application consumed ``n`` bytes of the channel: credit and budget."""
+    def consumed(self, handle: int, n: int, now: float | None = None) -> None:
+        """The application consumed ``n`` bytes of the channel: credit and budget. ``now``:
+        the time, when it moved since the core last heard it (yamux tunes windows by it)."""
+        if now is not None:
+            self._now = now
         channel = self.channels.get(handle)
         if channel is None:
             self._ack_handle(handle, n)
@@ -712,7 +722,7 @@ class SessionCore:
             # The peer's go-away: no new channels; open ones may finish. One that reports an
             # error ends the session (as hashicorp's handleGoAway does).
             self.peer_goaway = f"the peer is going away ({event.message})"
-            self._events.append(ce.RoomToOpen())  # waiting opens fail: no new channels
+            self._events.append(ce.RoomToOpen(everyone=True))  # waiting opens fail: no new channels
             if event.code:
                 self._fail(SessionClosed(f"{self.format}: the peer went away with {event.message}"))
         elif isinstance(event, ev.PingAcked):
@@ -997,7 +1007,14 @@ class SessionCore:
     # -- channels ----------------------------------------------------------------------------
 
     def _add_timer(self, when: float, kind: int, handle: int) -> None:
-        heapq.heappush(self._timers, (when, kind, handle))
+        timers = self._timers
+        if len(timers) > 2 * len(self.channels) + 64:
+            # Entries of channels that are gone wait in the heap until due (a churn of
+            # 10,000 channels would keep 10,000): drop them once they are most of it.
+            live = self.channels
+            timers[:] = [t for t in timers if t[2] in live]
+            heapq.heapify(timers)
+        heapq.heappush(timers, (when, kind, handle))
 
     def _channel_timer(self, kind: int, channel: CoreChannel) -> None:
         config = self.config

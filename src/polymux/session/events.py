@@ -131,10 +131,12 @@ class ControlArrived(CoreEvent):
 @dataclass(frozen=True, slots=True)
 class RoomToOpen(CoreEvent):
     """Waiting opens may try again: fewer of our opens await acknowledgement than
-    ``max_unacked_opens`` (or the session ended). ``error``: an open timed out without
-    acknowledgement, so the first waiting open fails with it instead."""
+    ``max_unacked_opens``. ``error``: an open timed out without acknowledgement, so the
+    first waiting open fails with it instead. ``everyone``: no new channels at all (the
+    session ended, or the peer is going away): every waiting open tries, and fails."""
 
     error: Exception | None = None
+    everyone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
