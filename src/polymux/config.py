@@ -95,6 +95,19 @@ class SessionConfig:
     """Streamux quick init: ``"request"`` (send at once with our recommended values),
     ``"allow"`` (accept a peer's request), or ``"off"``."""
 
+    streamux_response_hold: int = 64 * 1024 * 1024
+    """Streamux: bytes one response may hold unsent while its request is still arriving.
+    A response goes on the wire only after its request ended (go-streamux rejects anything
+    else), and Streamux has no credit to slow the requester down, so a handler that answers
+    as it reads (an echo) must keep reading: its ``drain()`` does not block past
+    ``write_buffer_high`` until the request ends, up to this many bytes; beyond them the
+    channel is reset (the handler gets :class:`~polymux.exceptions.ChannelOverflow`, the
+    requester an empty response)."""
+
+    streamux_hold_budget: int = 256 * 1024 * 1024
+    """Streamux: what all the responses of one session may hold that way, together (past
+    ``write_buffer_high`` each); the response whose write passes it is reset."""
+
     # -- omnistreams ------------------------------------------------------------------------
 
     omnistreams_numbering: str = "spec"
@@ -192,7 +205,7 @@ class SessionConfig:
             raise ValueError(
                 f"SessionConfig.inbound_channel_rate must be positive, got {self.inbound_channel_rate!r}"
             )
-        for name in ("max_receive_window", "window_budget"):
+        for name in ("max_receive_window", "window_budget", "streamux_response_hold", "streamux_hold_budget"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")

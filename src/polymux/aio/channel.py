@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from polymux._types import BytesLike
-from polymux.exceptions import ChannelClosedError, ChannelOverflow, ChannelReset
+from polymux.exceptions import ChannelClosedError, ChannelOverflow, ChannelReset, LimitExceeded
 
 
 if TYPE_CHECKING:
@@ -356,8 +356,9 @@ class ChannelTransport(asyncio.Transport):
         if not self._queued:  # queued: the scheduler will come to it (flush pending or paused)
             self._mux._want_send(self)
         if not self._protocol_paused and self._buffered > self._high:
-            self._protocol_paused = True
-            self._protocol.pause_writing()  # type: ignore[union-attr]
+            self._pause_writing()
+            if self._done and self._write_error is not None:  # reset: held too much (hold_unsent)
+                raise self._write_error
 
     def writelines(self, list_of_data: Any) -> None:
         """Queue several buffers (joined into one write)."""
@@ -398,8 +399,25 @@ class ChannelTransport(asyncio.Transport):
             self._protocol_paused = False
             protocol.resume_writing()
         elif not self._protocol_paused and self._buffered > self._high:
-            self._protocol_paused = True
-            protocol.pause_writing()
+            self._pause_writing()
+
+    def _pause_writing(self) -> None:
+        """Above the high-water mark: pause the protocol's writing (``drain()`` blocks),
+        unless the format holds the bytes back itself and the writer must go on
+        (``Engine.hold_unsent``: a Streamux response waits for the end of its request);
+        past the format's bound for that, the channel is reset."""
+        mux = self._mux
+        try:
+            if mux.engine.hold_unsent(self._handle, self._buffered):
+                return
+        except LimitExceeded as exc:
+            fmt = mux.engine.format
+            problem = str(exc).removeprefix(f"{fmt}: ")
+            mux._reset_channel(self, problem)
+            self._finish(ChannelOverflow(f"{fmt}: {self._label()} was reset: {problem}"))
+            return
+        self._protocol_paused = True
+        self._protocol.pause_writing()  # type: ignore[union-attr]
 
     def _wants_send(self) -> bool:
         """Whether a scheduler turn would do anything now."""

@@ -170,6 +170,19 @@ class Engine(ABC):
             return 0
         return record.send.available
 
+    def hold_unsent(self, channel: int, unsent: int) -> bool:
+        """The I/O layer holds ``unsent`` bytes for ``channel``, more than its write-buffer
+        high-water mark: may the writer go on without blocking?
+
+        False (the default): no, block it until credit lets the bytes out. True: the
+        format itself holds them back until something the peer finishes only while the
+        application keeps reading (a Streamux response waits for the end of its request),
+        so blocking the writer could deadlock; the engine bounds them instead and raises
+        :class:`~polymux.exceptions.LimitExceeded` beyond its limits (the I/O layer then
+        resets the channel). Called again as ``unsent`` grows.
+        """
+        return False
+
     def _writable(self, channel: int) -> ChannelRecord:
         """The record of a channel we may send on; a local bug otherwise."""
         record = self._record(channel)
