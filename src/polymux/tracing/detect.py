@@ -11,8 +11,8 @@ a confidence and the evidence in words. What tells the formats apart (in this or
 * ``mstream-v2``: the handshake is msgpack ``[[2, minor], bin(16)]``: ``92 92 02``.
 * ``streamux``: a 5-byte initialize message, version 1, reserved bits 0, valid bit
   ranges (and both negotiate, when both are there).
-* ``yamux``: 12-byte headers with version 0, a known type and flags; the first frame opens
-  (SYN) a stream or pings.
+* ``yamux``: 12-byte headers with version 0, a known type and flags; the client's first
+  frame opens (SYN) a stream or pings.
 * ``mstream-v3``: msgpack array frames, the first an Offer (code 0).
 * ``omnistreams``: 4-byte length prefixes, the first message a CREATE_RECEIVE_STREAM or
   CONTROL (spec numbering first, then ``omnistreams-legacy``).
@@ -262,7 +262,12 @@ def _frame_fits(heads: dict[str, bytes]) -> list[_Fit]:
 
     if all(h[0] == 0 for h in hs):
         records = _decode("yamux", c2s, s2c)
-        if records is not None and _starts(records, heads, ("open", "ping", "open_ack", "pong", "go_away")):
+        # A client starts by opening a stream or pinging; the server may also answer.
+        if (
+            records is not None
+            and _starts(records, {C2S: c2s}, ("open", "ping"))
+            and _starts(records, {S2C: s2c}, ("open", "ping", "open_ack", "pong", "go_away"))
+        ):
             first = _first(records, C2S) or _first(records, S2C)
             add("yamux", records, f"the first a {first.frame_type if first else 'frame'}")
     if all(h[0] in (0x93, 0x94) for h in hs):
