@@ -218,7 +218,12 @@ def decode_units(
             arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=False)]
             arrays.append(pa.array(np.arange(seq, seq + len(block), dtype=np.int64)))
             arrays.append(before)
-            arrays.append(pa.repeat(pa.scalar(detection, pa.string()), len(block)))
+            # On the session's first record only: a long text on every record costs time
+            # and memory for nothing (the reports take it per session).
+            if seq:
+                arrays.append(pa.nulls(len(block), pa.string()))
+            else:
+                arrays.append(pa.array([detection], pa.string()).take([0] + [None] * (len(block) - 1)))
             seq += len(block)
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 

@@ -11,10 +11,11 @@ anything reading the contract's columns by name keeps working):
 - ``credit_before`` (int64, null): for records with a ``credit``, the credit of the same
   (channel, ``credit_dir``) before this record (null on its first record). Stall detection
   needs only the records where the credit crosses zero, so the reports need no sort.
-- ``detection`` (str): how the session's format was chosen, the same on every record of a
-  session: ``"recorded in the capture"``, ``"forced (--protocol)"``, or the detector's
-  verdict with its confidence and evidence (``"detected yamux (confidence 0.97: ...)"``,
-  ``"ambiguous: mplex or multiplex (decoded as mplex; ...)"``), plus what a retry did.
+- ``detection`` (str, null): how the session's format was chosen, on the session's first
+  record (``seq`` 0; null on the others): ``"recorded in the capture"``, ``"forced
+  (--protocol)"``, or the detector's verdict with its confidence and evidence (``"detected
+  yamux (confidence 0.97: ...)"``, ``"ambiguous: mplex or multiplex (decoded as mplex;
+  ...)"``), plus what a retry did.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ FRAME_FIELDS: list[tuple[str, str]] = [
 EXTRA_FIELDS: list[tuple[str, str]] = [
     ("seq", "int64"),
     ("credit_before", "int64 | None"),
-    ("detection", "str"),
+    ("detection", "str | None"),
 ]
 """The columns the ingest adds after the contract's (see the module docstring)."""
 
