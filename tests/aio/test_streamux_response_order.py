@@ -17,6 +17,7 @@ the session handled them, and decodes both streams as they pass (no payload is k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -294,3 +295,75 @@ async def test_a_handler_answering_a_request_that_never_ends_is_bounded(serve: S
     (probe,) = probes
     assert probe.early == []
     assert probe.response_bytes == 0 and probe.responses == 1  # the empty termination
+
+
+# -- the anyio I/O layer: its writer waits for credit, so the request is read on -----------
+
+
+async def anyio_streamux_server(
+    errors: list[BaseException], probes: list[OrderProbe], **options: Any
+) -> tuple[int, Any]:
+    """An anyio session (polymux.anyio) serving one connection on 127.0.0.1 with an echo
+    handler (receive a chunk, send it: the send waits while the request is still arriving);
+    returns the port and the task serving it."""
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    import polymux.anyio as pma
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(SocketAttribute.local_port)
+
+    async def echo_channel(channel: Any) -> None:
+        try:
+            async for chunk in channel:
+                await channel.send(chunk)
+            await channel.send_eof()
+        except anyio.BrokenResourceError as exc:
+            errors.append(exc.__cause__ or exc)
+
+    async def serve() -> None:
+        async with listener:
+            stream = await listener.listeners[0].accept()
+        async with (
+            stream,
+            pma.session(
+                stream, protocol="streamux", is_client=False, capture=probe_factory(probes), **options
+            ) as server,
+            anyio.create_task_group() as tg,
+        ):
+            async for channel in server:
+                tg.start_soon(echo_channel, channel)
+
+    return port, asyncio.ensure_future(serve())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("size", "hold"), [(8 * MiB, None), (4 * MiB, 2 * MiB)], ids=["echo", "over-hold"])
+async def test_anyio_server_reads_the_request_on(size: int, hold: int | None) -> None:
+    """The anyio session's echo handler waits in ``send`` until the request ends: the
+    session reads the request on past ``receive_window`` (1 MiB) instead of stopping the
+    connection (which would never let it end), up to ``streamux_response_hold``."""
+    probes: list[OrderProbe] = []
+    errors: list[BaseException] = []
+    options = {} if hold is None else {"streamux_response_hold": hold}
+    port, serving = await anyio_streamux_server(errors, probes, **options)
+    try:
+        base = bytes(range(256)) * (size // 256)
+        async with await wait(polymux.connect("127.0.0.1", port, protocol="streamux")) as session:
+            got = await wait(send_and_digest(session, 0, base), 30)
+        if hold is None:
+            assert got == (len(key(0)) + size, hashlib.sha256(key(0) + base).hexdigest())
+            assert errors == []
+        else:
+            assert got == (0, hashlib.sha256(b"").hexdigest())  # reset: an empty response
+            [error] = errors
+            assert isinstance(error, polymux.ChannelOverflow)
+            assert "bytes exceed streamux_response_hold=2097152" in str(error)
+        (probe,) = probes
+        assert probe.early == []
+        assert probe.ended == 1
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await serving

@@ -584,8 +584,8 @@ def test_a_response_ended_early_by_another_implementation_is_accepted() -> None:
     assert pump(a, b) == [DataReceived(hb, b"more", 4), ChannelEnded(hb)]
 
 
-def test_hold_unsent_bounds_held_responses() -> None:
-    """``hold_unsent``: the writer of a held response goes on (True), up to
+def test_may_hold_bounds_held_responses() -> None:
+    """``may_hold``: the writer of a held response goes on (True), up to
     streamux_response_hold per response and streamux_hold_budget per session."""
     a, b = pair(streamux_response_hold=100, streamux_hold_budget=150)
     handles = []
@@ -595,29 +595,29 @@ def test_hold_unsent_bounds_held_responses() -> None:
         handles.append(h)
     events = pump(a, b)
     s1, s2, s3 = (e.channel for e in events if isinstance(e, ChannelOpened))
-    assert a.hold_unsent(handles[0], 10**9) is False  # a request of ours: never held
-    assert b.hold_unsent(s1, 80) is True
-    assert b.hold_unsent(s1, 90) is True
+    assert a.may_hold(handles[0], 10**9) is False  # a request of ours: never held
+    assert b.may_hold(s1, 80) is True
+    assert b.may_hold(s1, 90) is True
     assert b.held_bytes == 90
-    assert b.hold_unsent(s2, 50) is True
+    assert b.may_hold(s2, 50) is True
     assert b.held_bytes == 140
     with pytest.raises(LimitExceeded) as info:
-        b.hold_unsent(s3, 20)  # 160 in all
+        b.may_hold(s3, 20)  # 160 in all
     assert str(info.value) == (
-        "streamux: the response to request 7 cannot be sent before the request ends, and its writer "
-        "went on while the request is still arriving: 160 bytes held by the session's responses "
+        "streamux: the response to request 7 cannot be sent before the request ends, and it holds "
+        "more while the request is still arriving: 160 bytes held by the session's responses "
         "exceed streamux_hold_budget=150"
     )
     assert b.held_bytes == 140
     with pytest.raises(LimitExceeded, match=r"101 bytes exceed streamux_response_hold=100$"):
-        b.hold_unsent(s1, 101)
+        b.may_hold(s1, 101)
     assert b.held_bytes == 50  # s1's no longer count (the I/O layer resets it)
     b.reset_channel(s1)
     # the request's end releases what it held: the response is sendable now
     a.end_channel(handles[1])
     pump(a, b)
     assert b.held_bytes == 0
-    assert b.hold_unsent(s2, 10**9) is False
+    assert b.may_hold(s2, 10**9) is False
     b.reset_channel(s3)
     assert b.held_bytes == 0
 
@@ -625,11 +625,11 @@ def test_hold_unsent_bounds_held_responses() -> None:
 def test_hold_is_released_when_the_request_is_cancelled() -> None:
     a, b = pair()
     ha, hb = served_request(a, b)
-    assert b.hold_unsent(hb, 1000) is True
+    assert b.may_hold(hb, 1000) is True
     a.reset_channel(ha)
     assert pump(a, b) == [ChannelReset(hb, "request cancelled by the peer")]
     assert b.held_bytes == 0
-    assert b.hold_unsent(hb, 1000) is False  # forgotten
+    assert b.may_hold(hb, 1000) is False  # forgotten
 
 
 def test_large_data_is_split_at_the_negotiated_length() -> None:

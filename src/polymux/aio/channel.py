@@ -357,7 +357,7 @@ class ChannelTransport(asyncio.Transport):
             self._mux._want_send(self)
         if not self._protocol_paused and self._buffered > self._high:
             self._pause_writing()
-            if self._done and self._write_error is not None:  # reset: held too much (hold_unsent)
+            if self._done and self._write_error is not None:  # reset: held too much (may_hold)
                 raise self._write_error
 
     def writelines(self, list_of_data: Any) -> None:
@@ -404,11 +404,11 @@ class ChannelTransport(asyncio.Transport):
     def _pause_writing(self) -> None:
         """Above the high-water mark: pause the protocol's writing (``drain()`` blocks),
         unless the format holds the bytes back itself and the writer must go on
-        (``Engine.hold_unsent``: a Streamux response waits for the end of its request);
+        (``Engine.may_hold``: a Streamux response waits for the end of its request);
         past the format's bound for that, the channel is reset."""
         mux = self._mux
         try:
-            if mux.engine.hold_unsent(self._handle, self._buffered):
+            if mux.engine.may_hold(self._handle, self._buffered):
                 return
         except LimitExceeded as exc:
             fmt = mux.engine.format

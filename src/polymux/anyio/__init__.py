@@ -32,6 +32,7 @@ from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, events as ev, make_engine
 from polymux.exceptions import (
     ChannelClosedError,
+    ChannelOverflow,
     ChannelRejected,
     ChannelReset,
     LimitExceeded,
@@ -254,6 +255,7 @@ class AnyioSession:
         self._output = anyio.Event()  # the engine has bytes for the writer task
         self._done = anyio.Event()
         self._peer_goaway: str | None = None
+        self._full: AnyioChannel | None = None  # a channel past receive_window (no flow control)
         self._capture: CaptureSink | None = None
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
@@ -416,6 +418,14 @@ class AnyioSession:
                     self._capture.received(data)
                 for event in engine.receive_data(data):
                     await self._dispatch(event)
+                full, self._full = self._full, None
+                if full is not None and len(full._buffer) > self.config.receive_window and not full._closed:
+                    # No credit to withhold: stop reading the connection until this
+                    # channel's reader takes it below the window (the "block" slow-reader
+                    # policy); only now, after this read's other events (a CreditAvailable
+                    # among them may be what the reader waits for before it reads on).
+                    full._space = anyio.Event()
+                    await full._space.wait()
                 if engine.has_output:
                     self._kick()
         except ProtocolError as exc:
@@ -437,10 +447,23 @@ class AnyioSession:
                 channel._buffer += part
             channel._wake_reader()
             if not self.engine.has_flow_control and len(channel._buffer) > self.config.receive_window:
-                # No credit to withhold: stop reading the connection until this channel's
-                # reader takes it below the window (the "block" slow-reader policy).
-                channel._space = anyio.Event()
-                await channel._space.wait()
+                # A request whose response waits for its end (Streamux): the handler may be
+                # blocked sending that response, so read on, within the engine's bounds.
+                try:
+                    if self.engine.may_hold(event.channel, len(channel._buffer)):
+                        return
+                except LimitExceeded as exc:
+                    self.engine.reset_channel(event.channel, str(exc))
+                    self._kick()
+                    fmt = self.engine.format
+                    channel._fail(
+                        ChannelOverflow(
+                            f"{fmt}: {channel._label} was reset: {str(exc).removeprefix(fmt + ': ')}"
+                        )
+                    )
+                    self._forget(channel)
+                    return
+                self._full = channel  # _run stops reading once this read's events are done
         elif isinstance(event, ev.CreditAvailable):
             channel = channels.get(event.channel)
             if channel is not None:

@@ -31,10 +31,11 @@ Rules:
 * Streamux has no credit on the wire, so the bytes of such a held response cannot be made
   to wait by slowing the requester down: the application must go on reading the request
   (an echo handler that blocked in ``drain()`` would stop reading, and the request would
-  never end). :meth:`hold_unsent` lets the writer go on past its high-water mark and bounds
-  what it holds instead: ``streamux_response_hold`` bytes per response,
-  ``streamux_hold_budget`` for all of a session's held responses; beyond them the I/O
-  layer resets the channel.
+  never end). :meth:`may_hold` lets the I/O layer go on past its usual limits (the asyncio
+  layer: the writer past its high-water mark; the anyio one, whose writer waits for
+  credit: reading the request past the receive window) and bounds what it holds instead:
+  ``streamux_response_hold`` bytes per response, ``streamux_hold_budget`` for all of a
+  session's held responses; beyond them the I/O layer resets the channel.
 * The responder has no way to fail a request on the wire: resetting (or rejecting) a
   request drops the rest of it and ends the response (an empty termination, sent once the
   request has ended: the requester reads an empty response).
@@ -107,8 +108,8 @@ class StreamuxEngine(Engine):
         self.now = 0.0
         self.rtt: float | None = None
         self.held_bytes = 0
-        """Unsent bytes of responses held for their requests' end, as the I/O layer last
-        reported them (:meth:`hold_unsent`), summed over the session."""
+        """Bytes held for responses that wait for their requests' end (unsent, or unread),
+        as the I/O layer last reported them (:meth:`may_hold`), summed over the session."""
         self._out.append(wire.encode_init(self.ours))
         if self.ours.quick_request:
             # Quick init: the peer will take our recommended values (or fail).
@@ -275,22 +276,24 @@ class StreamuxEngine(Engine):
             return 0
         return record.send.available
 
-    def hold_unsent(self, channel: int, unsent: int) -> bool:
-        """True for a response whose request has not ended: its writer must not block
-        (see the module docstring); ``unsent`` (what the I/O layer holds for it) counts
-        against ``streamux_response_hold`` and, summed over the session,
-        ``streamux_hold_budget``, beyond which :class:`~polymux.exceptions.LimitExceeded`
-        is raised (and the bytes are no longer counted: the channel is to be reset)."""
+    def may_hold(self, channel: int, held: int) -> bool:
+        """True for a request we serve that has not ended, whose response has not ended
+        either: neither its writer nor the connection's reading may wait (see the module
+        docstring). ``held`` (what the I/O layer holds for it: the unsent response, or
+        the unread request) counts against ``streamux_response_hold`` and, summed over the
+        session, ``streamux_hold_budget``, beyond which
+        :class:`~polymux.exceptions.LimitExceeded` is raised (and the bytes are no longer
+        counted: the channel is to be reset)."""
         record = self._channels.get(channel)
         if record is None or record.local_origin or record.remote_end or record.local_end:
             return False
         config = self.config
         previous = record.extra.get("held", 0)
         assert isinstance(previous, int)
-        total = self.held_bytes - previous + unsent
+        total = self.held_bytes - previous + held
         problem = None
-        if unsent > config.streamux_response_hold:
-            problem = f"{unsent} bytes exceed streamux_response_hold={config.streamux_response_hold}"
+        if held > config.streamux_response_hold:
+            problem = f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold}"
         elif total > config.streamux_hold_budget:
             problem = (
                 f"{total} bytes held by the session's responses exceed "
@@ -300,9 +303,9 @@ class StreamuxEngine(Engine):
             self._release_hold(record)
             raise LimitExceeded(
                 f"{self.format}: the response to request {record.wire_id} cannot be sent before the "
-                f"request ends, and its writer went on while the request is still arriving: {problem}"
+                f"request ends, and it holds more while the request is still arriving: {problem}"
             )
-        record.extra["held"] = unsent
+        record.extra["held"] = held
         self.held_bytes = total
         return True
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from polymux.exceptions import ProtocolError
 from polymux.tracing.decode import decode_chunks
@@ -204,10 +204,11 @@ def _sides(present: dict[str, bytes]) -> str:
 
 @dataclass
 class _Fit:
+    """A format the heads fit, how well, and why."""
+
     format: str
     confidence: float
     evidence: str
-    records: list[FrameRecord] = field(default_factory=list)
 
 
 def _handshake_fits(heads: dict[str, bytes]) -> list[_Fit]:
@@ -258,7 +259,7 @@ def _frame_fits(heads: dict[str, bytes]) -> list[_Fit]:
 
     def add(fmt: str, records: list[FrameRecord], what: str) -> None:
         n = _frames(records)
-        fits.append(_Fit(fmt, _frame_confidence(n), f"{n} {fmt} frame{'s' * (n != 1)}, {what}", records))
+        fits.append(_Fit(fmt, _frame_confidence(n), f"{n} {fmt} frame{'s' * (n != 1)}, {what}"))
 
     if all(h[0] == 0 for h in hs):
         records = _decode("yamux", c2s, s2c)
@@ -269,7 +270,7 @@ def _frame_fits(heads: dict[str, bytes]) -> list[_Fit]:
             and _starts(records, {S2C: s2c}, ("open", "ping", "open_ack", "pong", "go_away"))
         ):
             first = _first(records, C2S) or _first(records, S2C)
-            add("yamux", records, f"the first a {first.frame_type if first else 'frame'}")
+            add("yamux", records, f"the first: {first.frame_type if first else '?'}")
     if all(h[0] in (0x93, 0x94) for h in hs):
         records = _decode("mstream-v3", c2s, s2c)
         if records is not None and _starts(records, heads, ("open", "open_ack", "data")):
@@ -310,24 +311,24 @@ def _mplex_fits(heads: dict[str, bytes]) -> list[_Fit]:
     conf = _frame_confidence(n)
     base = f"{n} mplex/multiplex frame{'s' * (n != 1)}, the first a NewStream"
     if strict is None:
-        return [_Fit("multiplex", conf, f"{base}; a frame longer than mplex's 1 MiB", records)]
+        return [_Fit("multiplex", conf, f"{base}; a frame longer than mplex's 1 MiB")]
     says_mplex, says_multiplex = _mplex_dialect(heads)
     if says_mplex and not says_multiplex:
         return [
-            _Fit("mplex", conf, f"{base}; {says_mplex}", records),
-            _Fit("multiplex", conf / 2, "the same wire as mplex", records),
+            _Fit("mplex", conf, f"{base}; {says_mplex}"),
+            _Fit("multiplex", conf / 2, "the same wire as mplex"),
         ]
     if says_multiplex and not says_mplex:
         return [
-            _Fit("multiplex", conf, f"{base}; {says_multiplex}", records),
-            _Fit("mplex", conf / 2, "the same wire as multiplex", records),
+            _Fit("multiplex", conf, f"{base}; {says_multiplex}"),
+            _Fit("mplex", conf / 2, "the same wire as multiplex"),
         ]
     why = "nothing in the first bytes tells the two apart"
     if says_mplex and says_multiplex:
         why = f"contradicting hints ({says_mplex}; {says_multiplex})"
     return [
-        _Fit("mplex", conf, f"{base}; {why}", records),
-        _Fit("multiplex", conf, f"{base}; {why}", records),
+        _Fit("mplex", conf, f"{base}; {why}"),
+        _Fit("multiplex", conf, f"{base}; {why}"),
     ]
 
 
