@@ -100,9 +100,10 @@ class SessionConfig:
     A response goes on the wire only after its request ended (go-streamux rejects anything
     else), and Streamux has no credit to slow the requester down, so a handler that answers
     as it reads (an echo) must keep reading: its ``drain()`` does not block past
-    ``write_buffer_high`` until the request ends, up to this many bytes; beyond them the
-    channel is reset (the handler gets :class:`~polymux.exceptions.ChannelOverflow`, the
-    requester an empty response)."""
+    ``write_buffer_high`` until the request ends, up to this many bytes (``polymux.anyio``
+    sessions, whose ``send`` waits instead, read the request on past ``receive_window``);
+    beyond them the channel is reset (the handler gets
+    :class:`~polymux.exceptions.ChannelOverflow`, the requester an empty response)."""
 
     streamux_hold_budget: int = 256 * 1024 * 1024
     """Streamux: what all the responses of one session may hold that way, together (past
