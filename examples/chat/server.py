@@ -23,6 +23,7 @@ import polymux
 from polymux.apps.chat import POLICIES, ChatServer
 from polymux.apps.common import (
     add_session_options,
+    conversation_options,
     listen,
     listening_on,
     parse_address,
@@ -40,7 +41,8 @@ async def main(args: argparse.Namespace) -> int:
     servers: list[polymux.Server] = []
     try:
         for address in addresses:
-            server = await listen(address, chat.handle, args.protocol, **session_options(args))
+            options = {**session_options(args), **conversation_options(args.protocol)}
+            server = await listen(address, chat.handle, args.protocol, **options)
             servers.append(server)
             print(f"chat: {args.protocol} on {listening_on(server, address)}", flush=True)
     except OSError as exc:

@@ -105,6 +105,13 @@ class SessionConfig:
     beyond them the channel is reset (the handler gets
     :class:`~polymux.exceptions.ChannelOverflow`, the requester an empty response)."""
 
+    streamux_early_responses: bool = False
+    """Streamux, a polymux extension: answer a request while it is still arriving, so that
+    one channel can carry a conversation (polymux's chat and file-transfer servers set it).
+    The spec's flow is request, then response, and go-streamux ends the session on a
+    response to a request it is still sending: set it only where every peer is polymux (a
+    polymux requester accepts early responses either way)."""
+
     streamux_hold_budget: int = 256 * 1024 * 1024
     """Streamux: what all the responses of one session may hold that way, together (past
     ``write_buffer_high`` each); the response whose write passes it is reset."""
@@ -186,6 +193,10 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.streamux_early_responses not in (False, True):  # bad values: ValueError, as everywhere
+            raise ValueError(
+                f"SessionConfig.streamux_early_responses must be a bool, got {self.streamux_early_responses!r}"
+            )
         if self.streamux_quick_init not in ("off", "request", "allow"):
             raise ValueError(
                 f"SessionConfig.streamux_quick_init must be 'off', 'request' or 'allow', got {self.streamux_quick_init!r}"

@@ -622,6 +622,27 @@ def test_may_hold_bounds_held_responses() -> None:
     assert b.held_bytes == 0
 
 
+def test_early_responses_a_polymux_extension() -> None:
+    """``streamux_early_responses=True``: the responder answers while the request is still
+    arriving (a conversation on one channel; go-streamux rejects it)."""
+    a = engine(5)
+    b = engine(5, streamux_early_responses=True)
+    handshake(a, b)
+    n = a.negotiated
+    assert n is not None
+    ha, hb = served_request(a, b, b"offer")
+    assert b.send_credit(hb) == flow.UNLIMITED
+    assert b.may_hold(hb, 10**9) is False
+    b.send_data(hb, b"accept")
+    assert b.end_channel(hb) is False
+    assert out(b) == hdr(n, 5, 6, resp=True) + b"accept" + hdr(n, 5, 0, resp=True, term=True)
+    a.send_data(ha, b"more")
+    assert a.end_channel(ha) is False
+    assert pump(a, b) == [DataReceived(hb, b"more", 4), ChannelEnded(hb), ChannelClosed(hb)]
+    with pytest.raises(ValueError, match="streamux_early_responses must be a bool, got 'yes'"):
+        SessionConfig(streamux_early_responses="yes")  # type: ignore[arg-type]
+
+
 def test_hold_is_released_when_the_request_is_cancelled() -> None:
     a, b = pair()
     ha, hb = served_request(a, b)

@@ -20,6 +20,7 @@ __all__ = [
     "add_address_options",
     "add_session_options",
     "connect",
+    "conversation_options",
     "format_bytes",
     "parse_address",
     "parse_size",
@@ -135,6 +136,14 @@ def two_way(protocol: str) -> bool:
         if isinstance(value, bool):
             return not value
     return not protocol.startswith("omnistreams")
+
+
+def conversation_options(protocol: str) -> dict[str, Any]:
+    """SessionConfig options for a server whose channels are conversations (a request, an
+    answer, more of the request ...): on Streamux, whose responses otherwise wait for the
+    end of their request, ``streamux_early_responses`` (a polymux extension: every peer
+    must be polymux). Nothing for other formats."""
+    return {"streamux_early_responses": True} if protocol == "streamux" else {}
 
 
 async def connect(address: Address, protocol: str, **options: Any) -> polymux.Session:

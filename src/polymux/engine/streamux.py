@@ -39,6 +39,11 @@ Rules:
 * The responder has no way to fail a request on the wire: resetting (or rejecting) a
   request drops the rest of it and ends the response (an empty termination, sent once the
   request has ended: the requester reads an empty response).
+* ``streamux_early_responses=True`` (a polymux extension, off by default) lifts the rule:
+  a response may start while its request is still arriving, so one channel can carry a
+  conversation (polymux's chat and file-transfer apps). The spec's flow does not allow
+  it and go-streamux fails the session on it: only between polymux peers. A polymux
+  requester accepts such responses either way.
 * No flow control on the wire: the I/O layer's slow-reader policy bounds receive buffers.
 """
 
@@ -108,6 +113,7 @@ class StreamuxEngine(Engine):
         self.now = 0.0
         self.rtt: float | None = None
         self.held_bytes = 0
+        self._early = c.streamux_early_responses  # polymux-only conversations: no hold
         """Bytes held for responses that wait for their requests' end (unsent, or unread),
         as the I/O layer last reported them (:meth:`may_hold`), summed over the session."""
         self._out.append(wire.encode_init(self.ours))
@@ -271,7 +277,7 @@ class StreamuxEngine(Engine):
         record = self._channels.get(channel)
         if record is None or not record.accepted or record.local_end:
             return 0
-        if not record.local_origin and not record.remote_end:
+        if not record.local_origin and not record.remote_end and not self._early:
             record.extra["waiting"] = True  # a CreditAvailable follows the request's end
             return 0
         return record.send.available
@@ -285,7 +291,7 @@ class StreamuxEngine(Engine):
         :class:`~polymux.exceptions.LimitExceeded` is raised (and the bytes are no longer
         counted: the channel is to be reset)."""
         record = self._channels.get(channel)
-        if record is None or record.local_origin or record.remote_end or record.local_end:
+        if record is None or record.local_origin or record.remote_end or record.local_end or self._early:
             return False
         config = self.config
         previous = record.extra.get("held", 0)
@@ -312,7 +318,7 @@ class StreamuxEngine(Engine):
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue chunks of at most :attr:`max_frame` bytes (never empty: that is a cancel)."""
         record = self._writable(channel)
-        if not record.local_origin and not record.remote_end:
+        if not record.local_origin and not record.remote_end and not self._early:
             raise RuntimeError(
                 f"{self.format}: cannot send the response on {record.describe()} before its request "
                 "ended (its send_credit is 0)"
@@ -381,7 +387,7 @@ class StreamuxEngine(Engine):
         when it ends (:meth:`_remote_ended`)."""
         record.local_end = True
         self._release_hold(record)
-        if record.remote_end:
+        if record.remote_end or self._early:
             self._chunk(record.wire_id, 0, response=True, termination=True)
         else:
             record.extra["end_held"] = True
