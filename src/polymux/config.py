@@ -105,16 +105,17 @@ class SessionConfig:
     beyond them the channel is reset (the handler gets
     :class:`~polymux.exceptions.ChannelOverflow`, the requester an empty response)."""
 
+    streamux_hold_budget: int = 256 * 1024 * 1024
+    """Streamux: what all the responses of one session may hold that way, together (counted
+    once each passes ``write_buffer_high``, or ``receive_window`` on ``polymux.anyio``); the
+    response that passes it is reset."""
+
     streamux_early_responses: bool = False
     """Streamux, a polymux extension: answer a request while it is still arriving, so that
     one channel can carry a conversation (polymux's chat and file-transfer servers set it).
     The spec's flow is request, then response, and go-streamux ends the session on a
     response to a request it is still sending: set it only where every peer is polymux (a
     polymux requester accepts early responses either way)."""
-
-    streamux_hold_budget: int = 256 * 1024 * 1024
-    """Streamux: what all the responses of one session may hold that way, together (past
-    ``write_buffer_high`` each); the response whose write passes it is reset."""
 
     # -- omnistreams ------------------------------------------------------------------------
 
