@@ -444,7 +444,8 @@ class ChannelTransport(asyncio.Transport):
             self._core.consumed(self._handle, pending, self._host.now())
         self._core.reader_waiting(self._handle)
         self._host.process()
-        return fed
+        # (processing may have fed the reader too: then it need not wait either)
+        return fed or (self._reader is not None and self._reader.buffered > 0)
 
     def remote_end(self) -> None:
         """The peer finished writing."""

@@ -245,7 +245,7 @@ class MuxProtocol(asyncio.Protocol):
                 transport.resume_reading()
             else:
                 transport.pause_reading()
-        if core.has_output:
+        if core.has_output and not self._write_paused:  # paused: resume_writing() flushes
             self.want_flush()
         self._arm_timer()
 

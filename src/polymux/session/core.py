@@ -792,16 +792,17 @@ class SessionCore:
     # -- the scheduler ---------------------------------------------------------------------
 
     def _wants_send(self, channel: CoreChannel) -> bool:
-        """Whether a scheduler turn would do anything now."""
-        if not channel.accepted or channel.lingering:
+        """Whether a scheduler turn would do anything now (exactly what ``_send_turn``
+        acts on: a channel that says yes and then does nothing would spin the scheduler)."""
+        if not channel.accepted or channel.lingering or self.channels.get(channel.handle) is not channel:
             return False
         if channel.buffered:
             return self.engine.send_credit(channel.handle) > 0
-        return channel.eof_requested and not channel.eof_sent
+        return channel.eof_requested and not channel.eof_sent and self.engine.is_live(channel.handle)
 
     def _send_turn(self, channel: CoreChannel, quantum: int) -> int:
         """One channel's turn: at most ``quantum`` bytes (within its credit), or its end."""
-        if not channel.accepted or channel.handle not in self.channels:
+        if not channel.accepted or self.channels.get(channel.handle) is not channel:
             return 0
         engine = self.engine
         handle = channel.handle
