@@ -83,6 +83,10 @@ class Engine(ABC):
     needs_acceptance: bool = True
     """True when an opened channel waits for the peer's acceptance before it is usable;
     False when it is open at once (mplex)."""
+    ping_answered: bool = True
+    """True when the peer answers :meth:`ping` (yamux, Streamux). False when nothing answers
+    the format's keepalive frame (smux's NOP): the next whole frame from the peer
+    acknowledges the ping instead, so an idle peer's own keepalive is the answer."""
 
     def __init__(self) -> None:
         self._out: list[BytesLike] = []
