@@ -256,8 +256,8 @@ class MuxProtocol(asyncio.Protocol):
         """Ping the peer; return the round-trip time in seconds."""
         if self._error is not None or self._transport is None:
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
-        if not self._supports_ping():
-            raise PolymuxError(f"{self.engine.format} has no ping")
+        if not self._supports_ping() or not self.engine.ping_answered:
+            raise PolymuxError(f"{self.engine.format} has no ping (nothing answers its keepalive)")
         fut = self._send_ping()
         try:
             return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
@@ -284,6 +284,10 @@ class MuxProtocol(asyncio.Protocol):
                 await asyncio.sleep(interval)
                 fut = self._send_ping()
                 timeout = self.config.keepalive_timeout
+                if not self.engine.ping_answered:
+                    # Nothing answers this ping (smux's NOP): the peer's next frame does, and
+                    # an idle peer sends one only every ITS keepalive interval (xtaci: 10 s).
+                    timeout += interval
                 waited = 0.0
                 while True:
                     unsent = self._socket_unsent()
