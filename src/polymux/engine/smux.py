@@ -200,6 +200,7 @@ class SmuxEngine(Engine):
         # UPD (the decoder lets it through in version 2 only)
         consumed, window = wire.decode_upd(body)
         send = record.send
+        was_blocked = send.available == 0
         delta = (consumed - record.peer_consumed) & _MASK
         if not send.release(delta):
             raise self._error(
@@ -207,7 +208,6 @@ class SmuxEngine(Engine):
                 f"but {send.in_flight} were in flight"
             )
         record.peer_consumed = consumed
-        was_blocked = send.available == 0
         # An absolute window that may also shrink (no arithmetic: the peer's value).
         send.window = window
         if was_blocked and send.available:
