@@ -308,7 +308,7 @@ class MuxProtocol(asyncio.Protocol):
                     self._forget_pings(fut)
                     err = SessionClosed(
                         f"{self.engine.format}: keepalive failed: no answer to a ping within "
-                        f"{waited:g} s (keepalive_timeout={timeout:g})"
+                        f"{waited:g} s (keepalive_timeout={self.config.keepalive_timeout:g})"
                     )
                     logger.warning("%s", err)
                     self._abort(err)
