@@ -341,20 +341,43 @@ def test_v2_upd_after_fins_and_for_gone_streams() -> None:
     assert a.receive_data(upd(3, 0, MIB)) == []  # gone: dropped
 
 
-def test_windows_fit_the_memory_budget() -> None:
-    """Version 2 windows shrink as the session's budget fills, but never below 256 KiB."""
+def test_windows_fit_half_the_memory_budget() -> None:
+    """Version 2 windows share half the session's budget (the other half is for what we
+    write), shrinking as it fills, down to 64 KiB."""
     a, _b = pair(2, max_session_memory=4 * MIB, receive_window=MIB)
     windows = []
-    for _ in range(6):
+    for _ in range(12):
         handle = a.open_channel()
-        windows.append(a._channels[handle].recv.window)  # type: ignore[union-attr]
-    assert windows[0] == MIB
-    assert windows[-1] == INITIAL and windows == sorted(windows, reverse=True)
+        windows.append(a._by_id[a._channels[handle].wire_id].window)
+    assert windows[0] == 512 * KIB  # a quarter of the 2 MiB half
+    assert windows == sorted(windows, reverse=True) and windows[-1] == 64 * KIB
+    assert sum(windows[:-3]) <= 2 * MIB
+    assert a._granted == sum(windows)
     a.reset_channel(1)
     assert a._granted == sum(windows[1:])
-    small = SmuxEngine(2, SessionConfig(receive_window=64 * KIB))
-    small.open_channel()
-    assert small._channels[1].recv.window == INITIAL  # type: ignore[union-attr]
+
+
+def test_v2_window_below_the_initial_256k() -> None:
+    """A 64 KiB window (xtaci's default) is announced, but the peer may already have sent on
+    its first guess of 256 KiB: that allowance shrinks as we acknowledge, down to 64 KiB."""
+    a, b = pair(2, receive_window=64 * KIB)
+    ha = a.open_channel()
+    assert out(a) == h("02 00 0000 03000000") + upd(3, 0, 64 * KIB)
+    [opened] = norm(b.receive_data(h("02 00 0000 03000000")))  # our UPD not yet read by b
+    b.accept_channel(opened.channel)  # type: ignore[attr-defined]
+    b.send_data(opened.channel, bytes(INITIAL))  # type: ignore[attr-defined]
+    b_out = out(b)
+    assert b_out.startswith(upd(3, 0, 64 * KIB))  # b's own window announcement
+    events = a.receive_data(b_out)
+    assert sum(e.flow_controlled_length for e in events if isinstance(e, DataReceived)) == INITIAL
+    record = a._by_id[3]
+    assert record.recv is not None and record.recv.window == INITIAL
+    a.ack_consumed(ha, 200 * KIB)
+    assert out(a) == upd(3, 200 * KIB, 64 * KIB)
+    assert record.recv.window == 64 * KIB  # max(64 KiB, 256 KiB - 200 KiB)
+    a.receive_data(frame(2, Cmd.PSH, 3, bytes(8 * KIB)))  # 56 + 8 = 64 KiB outstanding: fine
+    with pytest.raises(FlowControlError, match=r"65536 \+ 1 bytes > window 65536"):
+        a.receive_data(frame(2, Cmd.PSH, 3, b"!"))
 
 
 def test_v1_has_no_credit() -> None:

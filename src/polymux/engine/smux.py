@@ -76,6 +76,8 @@ class SmuxRecord(ChannelRecord):
     """The ``consumed`` of the peer's last UPD (modulo 2**32)."""
     acked: int = 0
     """Bytes we have reported consumed (our UPDs carry it modulo 2**32)."""
+    window: int = 0
+    """The receive window we announce (our UPDs carry it)."""
 
 
 class SmuxEngine(Engine):
@@ -126,7 +128,7 @@ class SmuxEngine(Engine):
             for record in self._credit.values():
                 if not record.remote_end and record.handle in channels:
                     assert record.recv is not None
-                    out.append(wire.encode_upd(2, record.wire_id, record.acked, record.recv.window))
+                    out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
             self._credit.clear()
         return super().data_to_send()
 
@@ -265,7 +267,7 @@ class SmuxEngine(Engine):
 
     def reject_channel(self, channel: int) -> None:
         """Refuse an incoming stream: FIN (smux has no reset), and forget it."""
-        record = self._record(channel)
+        record = cast(SmuxRecord, self._record(channel))
         if record.local_origin or record.accepted:
             raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
         self._fin(record)
@@ -284,7 +286,7 @@ class SmuxEngine(Engine):
 
     def end_channel(self, channel: int) -> bool:
         """Half-close (FIN); the stream is gone once the peer's FIN came too."""
-        record = self._record(channel)
+        record = cast(SmuxRecord, self._record(channel))
         if record.local_end:
             return False
         self._fin(record)
@@ -296,7 +298,7 @@ class SmuxEngine(Engine):
     def reset_channel(self, channel: int, message: str | None = None) -> None:
         """End the stream abnormally: smux has no reset (nor a message), so FIN unless sent
         already, and forget it: what the peer sends on it afterwards is dropped."""
-        record = self._channels.get(channel)
+        record = cast("SmuxRecord | None", self._channels.get(channel))
         if record is not None:
             if not record.local_end:
                 self._fin(record)
@@ -312,6 +314,10 @@ class SmuxEngine(Engine):
             smux_record = cast(SmuxRecord, record)
             smux_record.acked += credit
             self._credit[channel] = smux_record
+            if record.recv.window > smux_record.window:
+                # A window below the 256 KiB the peer starts with: what it may have sent on
+                # that guess shrinks as we acknowledge, down to our window.
+                record.recv.window = max(smux_record.window, wire.INITIAL_PEER_WINDOW - smux_record.acked)
 
     def ping(self) -> int:
         """Send a NOP; returns an opaque value. Nothing answers a NOP: the next whole frame
@@ -327,16 +333,17 @@ class SmuxEngine(Engine):
     def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> SmuxRecord:
         recv: ReceiveWindow | None = None
         send = SendCredit(None)
+        window = 0
         if self.version == 2:
+            # Half the session's memory budget for the windows (the other half is for what
+            # we write), so that a peer that keeps to them never makes the session stop
+            # reading: the credit that lets our own writes go comes in by reading.
             config = self.config
-            window = max(
-                wire.INITIAL_PEER_WINDOW,
-                budget_window(
-                    config.receive_window, config.max_session_memory, self._granted, wire.INITIAL_PEER_WINDOW
-                ),
-            )
+            window = budget_window(config.receive_window, config.max_session_memory // 2, self._granted)
             self._granted += window
-            recv = ReceiveWindow(window, default_ack_threshold(window, config.ack_min))
+            threshold = default_ack_threshold(window, config.ack_min)
+            # Until it hears from us the peer may have 256 KiB in flight, whatever our window.
+            recv = ReceiveWindow(max(window, wire.INITIAL_PEER_WINDOW), threshold)
             send = SendCredit(wire.INITIAL_PEER_WINDOW)
         record = SmuxRecord(
             handle=self._new_handle(),
@@ -345,6 +352,7 @@ class SmuxEngine(Engine):
             name=name or str(stream_id),
             send=send,
             recv=recv,
+            window=window,
         )
         self._channels[record.handle] = record
         self._by_id[stream_id] = record
@@ -352,17 +360,15 @@ class SmuxEngine(Engine):
 
     def _announce(self, record: SmuxRecord) -> None:
         """Version 2: tell the peer our window when it is not the one it assumes."""
-        recv = record.recv
-        if recv is not None and recv.window != wire.INITIAL_PEER_WINDOW:
-            self._out.append(wire.encode_upd(2, record.wire_id, record.acked, recv.window))
+        if record.recv is not None and record.window != wire.INITIAL_PEER_WINDOW:
+            self._out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
 
-    def _fin(self, record: ChannelRecord) -> None:
+    def _fin(self, record: SmuxRecord) -> None:
         record.local_end = True
         self._out.append(wire.encode_header(self.version, Cmd.FIN, record.wire_id))
 
-    def _forget(self, record: ChannelRecord) -> None:
+    def _forget(self, record: SmuxRecord) -> None:
         self._channels.pop(record.handle, None)
         self._credit.pop(record.handle, None)
         self._by_id.pop(record.wire_id, None)
-        if record.recv is not None:
-            self._granted -= record.recv.window
+        self._granted -= record.window
