@@ -23,10 +23,12 @@ Rules, read from xtaci/smux 1.5.16 (Debian's) and v1.5.57 (``session.go``, ``str
   receiver; then ``UPD(consumed, window)`` says how many bytes the receiver has consumed in
   all (modulo 2**32) and its window, so the sender may have ``window - (sent - consumed)``
   more in flight. A window may shrink (xtaci announces 64 KiB by default). Our window is
-  ``receive_window`` within the session's memory budget, at least 256 KiB (the peer's first
-  guess), announced by a UPD right after SYN or at accept; credit goes back as the
-  application consumes, batched (``max(ack_min, window / 8)``), encoded when the output is
-  taken and never for a stream whose FIN arrived. Data beyond what we allowed is a
+  ``receive_window`` within half the session's memory budget (down to 64 KiB: a budget full
+  of windows would stop the session reading, and with it the credit that our own writes
+  wait for), announced by a UPD right after SYN or at accept; what the peer may have sent
+  on its first guess of 256 KiB shrinks to our window as we acknowledge. Credit goes back
+  as the application consumes, batched (``max(ack_min, window / 8)``), encoded when the
+  output is taken and never for a stream whose FIN arrived. Data beyond what we allowed is a
   :class:`~polymux.exceptions.FlowControlError`; a UPD that says more was consumed than was
   sent is a protocol error.
 * Keepalive is NOP, and nothing answers a NOP: :meth:`SmuxEngine.ping` sends one, and the
@@ -127,7 +129,6 @@ class SmuxEngine(Engine):
             channels = self._channels
             for record in self._credit.values():
                 if not record.remote_end and record.handle in channels:
-                    assert record.recv is not None
                     out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
             self._credit.clear()
         return super().data_to_send()
