@@ -26,6 +26,7 @@ import pytest
 import polymux
 from polymux.aio.channel import ChannelTransport
 from polymux.exceptions import ChannelOverflow
+from polymux.session import CoreChannel, SessionCore
 from polymux.wire.mplex import Decoder, Flag, encode_header
 
 from .helpers import until
@@ -92,17 +93,17 @@ def track_held(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Record, per server-side channel name, the most bytes it ever held unread after
     receiving (reader buffer + backlog)."""
     peaks: dict[str, int] = {}
-    original = ChannelTransport._feed
+    original = ChannelTransport.data
 
     def feed(self: ChannelTransport, data: Any, more: Any, n: int) -> None:
         original(self, data, more, n)
         reader = self._reader
-        if not self._mux.is_client and reader is not None and not self._done:
+        if not self._host.is_client and reader is not None and not self._done:
             held = len(reader._buffer) + self._backlog_size
             assert held == self._unconsumed
             peaks[self.name] = max(peaks.get(self.name, 0), held)
 
-    monkeypatch.setattr(ChannelTransport, "_feed", feed)
+    monkeypatch.setattr(ChannelTransport, "data", feed)
     return peaks
 
 
@@ -325,14 +326,14 @@ async def test_reset_at_once_with_zero_timeout(protocol: str, serve: Any) -> Non
 async def test_fast_readers_never_trigger_the_policy(
     protocol: str, serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    overflows: list[ChannelTransport] = []
-    original = ChannelTransport._overflow
+    overflows: list[CoreChannel] = []
+    original = SessionCore._overflow
 
-    def overflow(self: ChannelTransport) -> None:
-        overflows.append(self)
-        original(self)
+    def overflow(self: SessionCore, channel: CoreChannel) -> None:
+        overflows.append(channel)
+        original(self, channel)
 
-    monkeypatch.setattr(ChannelTransport, "_overflow", overflow)
+    monkeypatch.setattr(SessionCore, "_overflow", overflow)
     opts = {"receive_window": WINDOW, "slow_reader": "reset", "slow_reader_timeout": 0.2}
     peer = Peer()
     server = await serve(peer, protocol=protocol, **opts)

@@ -169,7 +169,9 @@ async def test_credit_exhaustion_blocks_drain(connect_pair: Any, kind: str) -> N
         writer.write(b"a" * 64 * 1024)
         drain = asyncio.ensure_future(writer.drain())
         # The 4 granted messages went out; nothing more may: credit 0, drain blocked.
-        await until(lambda: channel._buffered == 60 * 1024 and engine.send_credit(channel.handle) == 0)
+        await until(
+            lambda: channel.get_write_buffer_size() == 60 * 1024 and engine.send_credit(channel.handle) == 0
+        )
         assert not drain.done()
         # The receiving side gets exactly the 4 messages it granted, and holds them unread.
         peer_engine = peer_channel.get_extra_info("session").engine
@@ -177,7 +179,7 @@ async def test_credit_exhaustion_blocks_drain(connect_pair: Any, kind: str) -> N
         await until(lambda: recv.outstanding == 4)
         assert recv.pending == 0
         assert not drain.done()
-        assert channel._buffered == 60 * 1024
+        assert channel.get_write_buffer_size() == 60 * 1024
         got = await peer_reader.readexactly(64 * 1024)  # consuming returns credit
         assert got == b"a" * 64 * 1024
         await drain

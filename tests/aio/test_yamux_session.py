@@ -86,14 +86,14 @@ def held(channel: ChannelTransport) -> int:
 def track_held(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Record, per server-side channel name, the most bytes it ever held unread."""
     peaks: dict[str, int] = {}
-    original = ChannelTransport._feed
+    original = ChannelTransport.data
 
     def feed(self: ChannelTransport, data: Any, more: Any, n: int) -> None:
         original(self, data, more, n)
-        if not self._mux.is_client and self._reader is not None and not self._done:
+        if not self._host.is_client and self._reader is not None and not self._done:
             peaks[self.name] = max(peaks.get(self.name, 0), held(self))
 
-    monkeypatch.setattr(ChannelTransport, "_feed", feed)
+    monkeypatch.setattr(ChannelTransport, "data", feed)
     return peaks
 
 
@@ -301,7 +301,7 @@ def test_rtt_and_window_growth_under_uvloop() -> None:
         n = 0
         while data := await reader.read(256 * KiB):
             n += len(data)
-        recv = transport._mux.engine._channels[transport.handle].recv
+        recv = transport._core.engine._channels[transport.handle].recv
         assert recv is not None
         sizes.append(recv.window)
         writer.write(str(n).encode())
@@ -721,7 +721,7 @@ async def test_acknowledged_stream_is_not_reset_by_stream_open_timeout(serve: Se
         opened = loop.time()
         writer.write(b"hello")
         assert await wait(reader.readexactly(5)) == b"hello"
-        assert not session.mux._open_timers  # the ACK cancelled the timer
+        assert not session.mux.core._open_pending  # the ACK settled it
         await until(lambda: loop.time() > opened + 0.5)  # past the timeout: still fine
         writer.write(b"again")
         assert await wait(reader.readexactly(5)) == b"again"

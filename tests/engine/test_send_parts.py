@@ -5,16 +5,16 @@ such parts without copying large writes."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
-from polymux.aio.channel import _COALESCE, ChannelTransport
 from polymux.config import SessionConfig
 from polymux.engine import make_engine
 from polymux.engine.base import Engine
 from polymux.engine.events import ChannelOpened, DataReceived
+from polymux.session import SessionCore
+from polymux.session.core import _COALESCE
 
 
 FORMATS = ["mstream-v1", "mstream-v2", "mstream-v3", "mplex", "multiplex", "yamux", "streamux"]
@@ -82,50 +82,28 @@ def test_engine_frames_one_part_as_before() -> None:
     assert sizes == [12, client.max_frame, 12, client.max_frame, 12, 10]
 
 
-class _Mux:
-    """What ``ChannelTransport`` needs of its session for ``write`` and ``_take``."""
-
-    def __init__(self) -> None:
-        self.engine = make_engine("yamux")
-        self.config = SessionConfig()
-        self.wanted = 0
-        self._unsent = self._held = 0
-        self._unsent_limit = 1 << 40
-        self._unsent_cap = 2 * self.config.write_buffer_high
-
-    def _want_send(self, channel: ChannelTransport) -> None:
-        self.wanted += 1
-
-    def _sent(self, n: int) -> None:
-        self._unsent -= n
-
-    def _hold(self, n: int) -> None:
-        self._held += n
-
-    def _release(self, n: int) -> None:
-        self._held -= n
-
-
 def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:
-    channel = ChannelTransport(_Mux(), 1, "t")  # type: ignore[arg-type]
-    channel.set_protocol(asyncio.Protocol())
+    core = SessionCore(make_engine("yamux"), SessionConfig(), 0.0)
+    core.connection_made(0.0)
+    handle = core.open_channel("t")
+    channel = core.channels[handle]
     big = bytes(range(256)) * 1024  # 256 KiB
-    channel.write(b"hdr")
-    channel.write(b"len")
-    channel.write(big)
-    channel.write(big)
-    parts = channel._take(100_000)
+    core.write(handle, b"hdr")
+    core.write(handle, b"len")
+    core.write(handle, big)
+    core.write(handle, big)
+    parts = core._take(channel, 100_000)
     assert [len(p) for p in parts] == [6, 100_000 - 6]
     assert parts[0] == b"hdrlen"
     assert isinstance(parts[1], memoryview) and parts[1].obj is big  # a view, not a copy
-    parts = channel._take(400_000)
+    parts = core._take(channel, 400_000)
     assert [len(p) for p in parts] == [len(big) - (100_000 - 6), 400_000 - (len(big) - (100_000 - 6))]
     assert all(isinstance(p, memoryview) and p.obj is big for p in parts)
     # A long run of small writes is joined at most _COALESCE bytes at a time.
     for _ in range(3 * _COALESCE // 1000):
-        channel.write(b"s" * 1000)
-    rest = channel._buffered
-    parts = channel._take(rest)
+        core.write(handle, b"s" * 1000)
+    rest = channel.buffered
+    parts = core._take(channel, rest)
     assert sum(len(p) for p in parts) == rest
     assert all(len(p) <= _COALESCE for p in parts[1:])
-    assert channel._buffered == 0
+    assert channel.buffered == 0

@@ -115,6 +115,7 @@ async def test_drop_policy_tells_the_slow_client_what_it_missed(procs: Procs, sh
     )
     got = int(re.search(r"received (\d+) messages from others", carol.stdout).group(1))  # type: ignore[union-attr]
     assert dropped > 0 and got + dropped == 1502, carol.stdout
+    assert "carol left #lobby (too slow" not in bob.stdout  # never evicted (she leaves at the end)
 
 
 async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> None:
@@ -129,7 +130,9 @@ async def test_join_refused_and_bad_arguments(procs: Procs, short_tmp: Path) -> 
     assert await ok.wait() == 0
     assert await bob.wait() == 0 and "received 1 messages from others" in bob.stdout
     bad = await procs.example("chat/server.py", "--protocol", "mplex")
-    assert await bad.wait() == EXIT_USAGE and "--tcp HOST:PORT and/or --unix PATH" in bad.stderr
+    assert (
+        await bad.wait() == EXIT_USAGE and "--tcp HOST:PORT, --unix PATH and/or --web HOST:PORT" in bad.stderr
+    )
 
 
 @pytest.mark.parametrize(("server_protocol", "client_protocol", "said"), [

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from polymux.aio.channel import ChannelStreamReader, ChannelTransport
+from polymux.aio.channel import ChannelTransport
 from polymux.aio.client import connect, connect_unix, over
+from polymux.aio.reader import ChannelStreamReader
 from polymux.aio.server import Server, start_server, start_unix_server
 from polymux.aio.session import MuxProtocol, Session
 from polymux.aio.websocket import connect_websocket, serve_websocket

@@ -1,17 +1,19 @@
-"""One channel as an ``asyncio.Transport``, and the ``StreamReader`` that returns credit.
+"""One channel as an ``asyncio.Transport``.
 
 A :class:`ChannelTransport` sits between a channel's protocol (normally the stdlib
-``StreamReaderProtocol``) and the session's :class:`~polymux.aio.session.MuxProtocol`:
+``StreamReaderProtocol``) and the session's core (:class:`~polymux.session.SessionCore`),
+driven by its :class:`ChannelHost` (the session's :class:`~polymux.aio.session.MuxProtocol`):
 
-* Write side: ``write()`` only appends to the channel's buffer and asks the session's
-  scheduler for a turn. The scheduler takes at most one frame (bounded by the frame size
-  and the peer's credit) per turn. Above the high-water mark the transport calls
-  ``protocol.pause_writing()``, so ``await writer.drain()`` blocks exactly while the
-  peer cannot take more (no credit) or the socket is paused; it resumes at the low mark.
+* Write side: ``write()`` hands the bytes to the core, which queues them for its
+  scheduler (one frame per turn, within the peer's credit). Above the high-water mark
+  (or the session's unsent budget) the transport calls ``protocol.pause_writing()``, so
+  ``await writer.drain()`` blocks exactly while the peer cannot take more; it resumes
+  when the core says so.
 * Read side: data is fed to the protocol as it arrives; credit goes back to the peer as
-  the application *consumes* it (:class:`ChannelStreamReader` reports every read), or,
-  for plain protocols, once ``data_received`` returned while reading is not paused.
-* End: ``write_eof()`` half-closes after the buffer is sent; ``close()`` also stops
+  the application *consumes* it (:class:`~polymux.aio.reader.ChannelStreamReader` reports
+  every read), or, for plain protocols, once ``data_received`` returned while reading is
+  not paused.
+* End: ``write_eof()`` half-closes after the queued data; ``close()`` also stops
   reading; ``abort()`` / :meth:`ChannelTransport.reset` terminates at once. A reset by the
   peer or a lost session reaches the protocol as ``connection_lost(exc)``, so readers and
   ``drain()`` raise it; a clean end is ``connection_lost(None)``.
@@ -21,154 +23,47 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from polymux._types import BytesLike
-from polymux.exceptions import ChannelClosedError, ChannelOverflow, ChannelReset
+from polymux.aio.reader import ChannelStreamReader
+from polymux.exceptions import ChannelClosedError
+from polymux.session import SessionCore
 
 
-if TYPE_CHECKING:
-    from polymux.aio.session import MuxProtocol
-
-
-__all__ = ["ChannelStreamProtocol", "ChannelStreamReader", "ChannelTransport"]
+__all__ = ["ChannelHost", "ChannelTransport"]
 
 _COALESCE = 64 * 1024
-"""Writes smaller than this are joined into one chunk when sent; larger ones go as views."""
-
-
-class ChannelStreamReader(asyncio.StreamReader):
-    """A stdlib ``StreamReader`` that tells its channel how much the application consumed.
-
-    Every consuming read in ``StreamReader`` ends in ``_maybe_resume_transport()``; we hook
-    there, so ``read``, ``readexactly``, ``readuntil``, ``readline`` and ``async for`` all
-    return credit, and nothing else does (credit on consumption, not on arrival).
-    """
-
-    _transport: ChannelTransport | None
-    _buffer: bytearray
-    _deferred: Exception | None = None
-    _refuse: str | None = None
-    """The text of the error reads raise on the unusable half of a one-way channel
-    (:class:`SendOnlyStreamReader`)."""
-
-    def set_exception(self, exc: Exception) -> None:
-        """Fail the reader, after the bytes already received have been read.
-
-        The stdlib reader raises at once and drops its buffer; but data the peer sent
-        before the channel failed did arrive, so it is delivered first (unless a read is
-        already waiting for more than there is: it gets the error now)."""
-        if self._buffer and self._waiter is None:  # type: ignore[attr-defined]
-            self._deferred = exc
-            self._wakeup_waiter()  # type: ignore[attr-defined]
-            return
-        super().set_exception(exc)
-
-    def exception(self) -> Exception | None:
-        # drain() asks on every call: no super() round trip (the stdlib returns _exception).
-        return self._deferred or self._exception  # type: ignore[attr-defined]
-
-    def _raise_deferred(self) -> None:
-        exc, self._deferred = self._deferred, None
-        if exc is not None:
-            super().set_exception(exc)
-
-    async def read(self, n: int = -1) -> bytes:
-        """``StreamReader.read``; received data the buffer does not hold yet is handed
-        out without passing through the buffer (one copy fewer per byte)."""
-        while n > 0 and not self._buffer:
-            transport = self._transport
-            if transport is None:
-                break
-            if transport._backlog:
-                data = transport._read_backlog(n)
-                self._maybe_resume_transport()
-                return data
-            if self._eof or self._exception is not None or self._deferred is not None:  # type: ignore[attr-defined]
-                break
-            await self._wait_for_data("read")
-        return await super().read(n)
-
-    def _maybe_resume_transport(self) -> None:
-        # Runs after every consuming read (twice per message for a reader of small
-        # length-prefixed messages), so the stdlib's step and the channel's credit
-        # bookkeeping are inlined here.
-        buffer = self._buffer
-        if self._paused and len(buffer) <= self._limit:  # type: ignore[has-type,attr-defined]
-            self._paused = False
-            self._transport.resume_reading()  # type: ignore[union-attr]
-        transport = self._transport
-        if transport is not None:
-            # Uncredited bytes are always the newest (end of the buffer, then the backlog);
-            # what is gone beyond them was consumed.
-            held = len(buffer) + transport._backlog_size
-            if transport._unconsumed > held:
-                transport._reader_consumed(held)
-        if self._deferred is not None and not buffer:
-            self._raise_deferred()
-
-    def _feed_parts(self, first: BytesLike, more: tuple[BytesLike, ...]) -> None:
-        """``feed_data`` for several parts with one wakeup (consecutive frames)."""
-        if not more:
-            self.feed_data(first)
-            return
-        buffer = self._buffer
-        buffer.extend(first)
-        for part in more:
-            buffer.extend(part)
-        self._wakeup_waiter()  # type: ignore[attr-defined]
-
-    async def _wait_for_data(self, func_name: str) -> None:
-        # A reader that waits while bytes sit in its buffer needs more than is there
-        # (readexactly(n), readuntil(...)): credit what it holds so the peer can send the
-        # rest, or n > window would deadlock. The stdlib resumes a paused socket here
-        # for the same reason. Memory stays bounded by what the application asked for
-        # (n, or the reader's limit) plus one window.
-        if self._deferred is not None:
-            self._raise_deferred()
-            raise self._exception  # type: ignore[attr-defined]
-        transport = self._transport
-        if transport is not None and transport._reader_waiting():
-            return  # it fed us: the caller re-checks its buffer
-        await super()._wait_for_data(func_name)  # type: ignore[misc]
-
-
-class SendOnlyStreamReader(ChannelStreamReader):
-    """The reader of a channel we may only write (the opener's side of a one-way
-    omnistreams stream): every read raises :class:`~polymux.exceptions.ChannelClosedError`
-    saying so, never a silent EOF. A separate class, so other readers pay nothing."""
-
-    def _check_readable(self) -> None:
-        raise ChannelClosedError(self._refuse or "this channel is send-only")
-
-    async def read(self, n: int = -1) -> bytes:
-        self._check_readable()
-        return await super().read(n)
-
-    async def readexactly(self, n: int) -> bytes:
-        self._check_readable()
-        return await super().readexactly(n)
-
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:  # type: ignore[override]
-        self._check_readable()
-        return await super().readuntil(separator)
-
-
-class ChannelStreamProtocol(asyncio.StreamReaderProtocol):
-    """The stdlib ``StreamReaderProtocol``, lighter: its drain-waiter deque (about 700
-    bytes, allocated per channel and almost always empty) becomes a list, which supports
-    every operation the stdlib does on it (append, remove, iterate)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if isinstance(self._drain_waiters, deque) and not self._drain_waiters:  # type: ignore[has-type]
-            waiters: list[asyncio.Future[None]] = []
-            self._drain_waiters = waiters
-
+"""Small received parts are joined when read from the backlog up to this size."""
 
 _NO_DEQUE: deque[BytesLike] = deque()
-"""Shared, always empty: a channel's queue until it first needs one (only cleared or
-tested while shared, never appended to)."""
+"""Shared, always empty: a channel's backlog until it first needs one."""
+
+
+class ChannelHost(Protocol):
+    """What a :class:`ChannelTransport` needs of the session driver that owns it."""
+
+    loop: asyncio.AbstractEventLoop
+    core: SessionCore
+
+    @property
+    def session(self) -> Any:
+        """The public session object (``get_extra_info("session")``)."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """The connection's extra info (``peername`` ...)."""
+
+    def process(self) -> None:
+        """Act on what the core says after a call into it (events, output, reading)."""
+
+    def want_flush(self) -> None:
+        """The core has (or may have) something to send: run the scheduler soon."""
+
+    def credit_later(self, channel: ChannelTransport) -> None:
+        """Call ``channel.send_credit()`` once the loop's current callbacks are done."""
+
+    def now(self) -> float:
+        """The core's clock."""
 
 
 class ChannelTransport(asyncio.Transport):
@@ -178,32 +73,24 @@ class ChannelTransport(asyncio.Transport):
     # dict grows to ~800 bytes. "__dict__" keeps other attributes possible (lazily).
     __slots__ = (
         "__dict__",
-        "_accepted",
         "_ack_pending",
         "_ack_scheduled",
         "_backlog",
         "_backlog_size",
-        "_buf",
-        "_buffered",
-        "_close_timer",
         "_closing",
+        "_core",
         "_done",
         "_eof_requested",
-        "_eof_sent",
         "_feed_limit",
         "_handle",
         "_held_credit",
-        "_high",
+        "_host",
         "_label_text",
         "_local_origin",
-        "_low",
-        "_mux",
         "_name",
-        "_overflow_timer",
         "_partner",
         "_protocol",
         "_protocol_paused",
-        "_queued",
         "_read_closed",
         "_reader",
         "_reading_paused",
@@ -215,32 +102,26 @@ class ChannelTransport(asyncio.Transport):
 
     _extra: dict[str, Any]  # asyncio.BaseTransport's extra-info dict (set by its __init__)
 
-    def __init__(self, mux: MuxProtocol, handle: int, name: str) -> None:
+    def __init__(self, host: ChannelHost, handle: int, name: str, *, local: bool) -> None:
         super().__init__()
-        self._mux = mux
+        self._host = host
+        self._core = host.core
         self._handle = handle
         self._name = name
+        self._local_origin = local
         # Captured now: the engine forgets a channel before its end reaches us.
-        self._label_text = mux.engine.describe(handle)
+        self._label_text = host.core.engine.describe(handle)
         self._protocol: asyncio.BaseProtocol | None = None
         self._reader: ChannelStreamReader | None = None  # stream mode when set
-        # Idle channels are the common case (100,000 on a session): both queues start as a
-        # shared empty deque (an empty deque costs ~600 bytes) and get their own on first use.
-        self._buf: deque[BytesLike] = _NO_DEQUE
-        self._buffered = 0
-        self._high = mux.config.write_buffer_high
-        self._low = mux.config.low_water
         self._protocol_paused = False
-        self._queued = False  # in the scheduler's ready queue
-        self._accepted = False
         self._eof_requested = False
-        self._eof_sent = False
         self._write_error: BaseException | None = None
         self._closing = False
         self._read_closed = False
         self._done = False  # connection_lost delivered
-        self._unconsumed = 0  # received for the reader (buffer + backlog), not yet consumed
-        self._ack_pending = 0  # consumed, credit not yet handed to the engine (this iteration)
+        self._remote_ended = False
+        self._unconsumed = 0  # given to the reader (buffer + backlog), not yet consumed
+        self._ack_pending = 0  # consumed, not yet reported to the core (this iteration)
         self._ack_scheduled = False
         # Received data the reader does not hold yet. A StreamReader's buffer is a
         # bytearray: appending to it after reads from its front moves everything it
@@ -248,19 +129,15 @@ class ChannelTransport(asyncio.Transport):
         # 256 KiB read) and the rest of the window waits here.
         self._backlog: deque[BytesLike] = _NO_DEQUE
         self._backlog_size = 0
-        self._feed_limit = max(2 * mux.config.stream_limit, 256 * 1024)
-        self._reading_paused = False
+        self._feed_limit = max(2 * host.core.config.stream_limit, 256 * 1024)
+        self._reading_paused = False  # plain protocols: pause_reading()
         self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
-        self._close_timer: asyncio.TimerHandle | None = None
-        self._remote_ended = False
-        self._local_origin = True
-        self._overflow_timer: asyncio.TimerHandle | None = None
         self._receive_only: str | None = None  # one-way formats: why writes are refused
         self._partner: ChannelTransport | None = None  # closed with this one (a stream pair)
 
     def __repr__(self) -> str:
         state = "done" if self._done else "closing" if self._closing else "open"
-        return f"<ChannelTransport {self._label_text} {state} buffered={self._buffered}>"
+        return f"<ChannelTransport {self._label_text} {state} buffered={self.get_write_buffer_size()}>"
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -271,13 +148,15 @@ class ChannelTransport(asyncio.Transport):
         assert self._protocol is not None
         return self._protocol
 
-    def _attach(self, protocol: asyncio.BaseProtocol, reader: ChannelStreamReader | None = None) -> None:
+    def attach(self, protocol: asyncio.BaseProtocol, reader: ChannelStreamReader | None = None) -> None:
         """Connect ``protocol``; with ``reader`` (its ChannelStreamReader) data goes
         straight into the reader and credit follows what the application consumes."""
         self._protocol = protocol
         self._reader = reader
-        engine = self._mux.engine
-        if getattr(engine, "one_way", False):
+        if reader is not None:
+            reader.bind(self)
+        engine = self._core.engine
+        if engine.one_way:
             # One-way streams (omnistreams): the opener only writes, the acceptor only reads.
             fmt = engine.format
             if self._local_origin:
@@ -291,9 +170,8 @@ class ChannelTransport(asyncio.Transport):
                     f"{fmt}: {self._label_text} is receive-only: {fmt} streams carry data from "
                     "their opener to their acceptor (open a stream the other way to write)"
                 )
-            metadata = getattr(engine, "metadata", None)
-            if metadata is not None and engine.is_live(self._handle):
-                self._extra["metadata"] = metadata(self._handle)  # asyncio's own extra dict
+            if engine.is_live(self._handle):
+                self._extra["metadata"] = engine.metadata(self._handle)  # asyncio's own extra dict
         protocol.connection_made(self)
 
     @property
@@ -305,6 +183,20 @@ class ChannelTransport(asyncio.Transport):
     def handle(self) -> int:
         """The engine's handle for this channel."""
         return self._handle
+
+    @property
+    def label(self) -> str:
+        """The channel as messages name it (wire id, origin, name)."""
+        return self._label_text
+
+    @property
+    def partner(self) -> ChannelTransport | None:
+        """The other half of a stream pair (closed with this one), if any."""
+        return self._partner
+
+    @partner.setter
+    def partner(self, other: ChannelTransport | None) -> None:
+        self._partner = other
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """``channel_name``, ``channel``, ``session``, ``protocol_name``, ``metadata``
@@ -318,16 +210,16 @@ class ChannelTransport(asyncio.Transport):
         if name == "channel":
             return self._label_text
         if name == "session":
-            return self._mux.session
+            return self._host.session
         if name == "protocol_name":
-            return self._mux.engine.format
+            return self._core.format
         if name == "sslcontext":
             # asyncio's StreamReaderProtocol takes a transport with an ``sslcontext`` for one
             # that cannot half-close, and closes it at the peer's end-of-writing. A channel
             # half-closes on any connection: the TLS details stay available as
             # ``ssl_object``, ``peercert`` and ``cipher`` (and on the session).
             return default
-        return self._mux.get_extra_info(name, default)
+        return self._host.get_extra_info(name, default)
 
     # -- write side --------------------------------------------------------------------------
 
@@ -339,7 +231,7 @@ class ChannelTransport(asyncio.Transport):
             raise self._write_error
         if self._eof_requested:
             raise ChannelClosedError(
-                f"{self._mux.engine.format}: cannot write to {self._label()} after write_eof() or close()"
+                f"{self._core.format}: cannot write to {self._label_text} after write_eof() or close()"
             )
         if not data:
             return
@@ -348,27 +240,10 @@ class ChannelTransport(asyncio.Transport):
             isinstance(data, memoryview) and data.readonly and isinstance(data.obj, bytes)
         ):
             data = bytes(data)
-        buf = self._buf
-        if buf is _NO_DEQUE:
-            buf = self._buf = deque()
-        buf.append(data)
-        n = len(data)
-        old = self._buffered
-        self._buffered = new = old + n
-        mux = self._mux
-        mux._unsent += n
-        cap = mux._unsent_cap
-        if old < cap:
-            mux._hold(min(new, cap) - old)
-        if not self._queued:  # queued: the scheduler will come to it (flush pending or paused)
-            mux._want_send(self)
-        if not self._protocol_paused and (self._buffered > self._high or mux._unsent > mux._unsent_limit):
-            # Over our own high-water mark, or the session holds half its memory budget
-            # in unsent bytes: drain() blocks.
+        if self._core.write(self._handle, data) and not self._protocol_paused:
             self._protocol_paused = True
-            if self._buffered <= self._high:
-                mux._hold_writer(self)
             self._protocol.pause_writing()  # type: ignore[union-attr]
+        self._host.want_flush()
 
     def writelines(self, list_of_data: Any) -> None:
         """Queue several buffers (joined into one write)."""
@@ -383,13 +258,15 @@ class ChannelTransport(asyncio.Transport):
         if self._eof_requested or self._done or (self._receive_only is not None and not self._closing):
             return
         self._eof_requested = True
-        self._mux._want_send(self)
+        self._core.write_eof(self._handle)
+        self._host.want_flush()
 
     def get_write_buffer_size(self) -> int:
-        return self._buffered
+        channel = self._core.channels.get(self._handle)
+        return channel.buffered if channel is not None else 0
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._low, self._high
+        return self._core.write_limits(self._handle)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         if high is None:
@@ -398,89 +275,31 @@ class ChannelTransport(asyncio.Transport):
             low = high // 4
         if not high >= low >= 0:
             raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
-        self._high, self._low = high, low
-        self._update_write_pause()
-
-    def _update_write_pause(self) -> None:
-        protocol = self._protocol
-        if protocol is None or self._done:
-            return
-        if self._protocol_paused and self._buffered <= self._low:
-            if self._mux._unsent > self._mux._unsent_limit:
-                self._mux._hold_writer(self)  # resumes once the session's unsent bytes fall
-                return
-            self._protocol_paused = False
-            protocol.resume_writing()
-        elif not self._protocol_paused and self._buffered > self._high:
+        change = self._core.set_write_limits(self._handle, high, low)
+        if change is True and not self._protocol_paused:
             self._protocol_paused = True
-            protocol.pause_writing()
+            self._protocol.pause_writing()  # type: ignore[union-attr]
+        self._host.process()
 
-    def _wants_send(self) -> bool:
-        """Whether a scheduler turn would do anything now."""
-        if not self._accepted or self._done:
-            return False
-        if self._buffered:
-            return self._mux.engine.send_credit(self._handle) > 0
-        return self._eof_requested and not self._eof_sent
+    def resume_writing_now(self) -> None:
+        """The core says the writer may go on (its unsent bytes fell)."""
+        if self._protocol_paused and not self._done:
+            self._protocol_paused = False
+            self._protocol.resume_writing()  # type: ignore[union-attr]
 
-    def _take(self, n: int) -> list[BytesLike]:
-        """Remove and return up to ``n`` buffered bytes as parts, in order: large writes as
-        they are or as views (no copy), runs of small writes joined (one copy of at most
-        ``_COALESCE`` bytes, so tiny writes do not become tiny frames or iovecs). The
-        engine frames the parts as one byte run, so frames are full however the
-        application cut its writes (a 9-byte header before 64 KiB writes used to make every
-        frame a copy; 64 KiB writes in 20 KiB frames left a 4 KiB frame each)."""
-        buf = self._buf
-        parts: list[BytesLike] = []
-        size = 0
-        while buf and size < n:
-            head = buf[0]
-            room = n - size
-            if len(head) >= _COALESCE or len(buf) == 1:
-                if len(head) > room:
-                    view = memoryview(head)
-                    buf[0] = view[room:]
-                    parts.append(view[:room])
-                    size += room
-                else:
-                    parts.append(buf.popleft())
-                    size += len(head)
-                continue
-            # A run of small writes, joined.
-            limit = min(room, _COALESCE)
-            run: list[BytesLike] = []
-            got = 0
-            while buf and got < limit:
-                part = buf[0]
-                size_ = len(part)
-                if size_ >= _COALESCE:
-                    break
-                left = limit - got
-                if size_ > left:
-                    view = memoryview(part)
-                    run.append(view[:left])
-                    buf[0] = view[left:]
-                    got = limit
-                    break
-                run.append(buf.popleft())
-                got += size_
-            parts.append(run[0] if len(run) == 1 else b"".join(run))
-            size += got
-        old = self._buffered
-        self._buffered = new = old - size
-        mux = self._mux
-        mux._sent(size)
-        cap = mux._unsent_cap
-        if new < cap:
-            mux._release(min(old, cap) - new)
-        if self._protocol_paused and new <= self._low:
-            self._update_write_pause()
-        return parts
+    def writing_stopped(self, error: Exception) -> None:
+        """The peer reads no more: writes fail with ``error``; reading goes on."""
+        self._write_error = error
+        self.resume_writing_now()
+        self.write_eof()
 
     # -- read side ---------------------------------------------------------------------------
 
     def is_reading(self) -> bool:
-        return not self._reading_paused and not self._done
+        if self._reading_paused or self._done:
+            return False
+        channel = self._core.channels.get(self._handle)
+        return channel is None or not channel.slow  # a full reader holds the connection
 
     def pause_reading(self) -> None:
         """Stop reading. With flow control on the wire this withholds credit from the peer
@@ -489,81 +308,37 @@ class ChannelTransport(asyncio.Transport):
         A channel read through its ``StreamReader`` ignores this: credit already follows
         what the application consumes (and, without flow control, the channel pauses the
         connection itself once ``receive_window`` bytes are unread)."""
-        if self._reader is not None:
+        if self._reader is not None or self._reading_paused or self._done:
             return
-        if not self._mux.engine.has_flow_control and self._mux.config.slow_reader == "reset":
-            self._reader_behind()  # the policy's timer applies to a paused protocol too
-        else:
-            self._set_reading_paused(True)
+        self._reading_paused = True
+        self._core.reading_paused(self._handle, True)
+        self._host.process()
 
     def resume_reading(self) -> None:
-        if self._reader is not None:
+        if self._reader is not None or not self._reading_paused:
             return
-        self._set_reading_paused(False)
+        self._reading_paused = False
+        self._core.reading_paused(self._handle, False)
         if self._held_credit:
             held, self._held_credit = self._held_credit, 0
-            self._mux._ack(self._handle, held)
+            self._core.consumed(self._handle, held, self._host.now())
+        self._host.process()
 
-    def _set_reading_paused(self, paused: bool) -> None:
-        if paused == self._reading_paused or (paused and self._done):
-            return
-        self._reading_paused = paused
-        if not paused and self._overflow_timer is not None:
-            self._overflow_timer.cancel()
-            self._overflow_timer = None
-        self._mux._channel_reading_paused(self, paused)
-
-    def _reader_behind(self) -> None:
-        """The reader holds ``receive_window`` unread bytes and the format cannot slow the
-        peer down: apply ``SessionConfig.slow_reader``."""
-        config = self._mux.config
-        if config.slow_reader == "reset" and config.slow_reader_timeout == 0:
-            self._overflow()
-            return
-        if self._reading_paused:
-            return
-        self._set_reading_paused(True)  # blocks the whole connection
-        if config.slow_reader == "reset":
-            self._overflow_timer = self._mux.loop.call_later(config.slow_reader_timeout, self._overflow)
-
-    def _overflow(self) -> None:
-        """slow_reader="reset": drop this channel so the others can go on."""
-        self._overflow_timer = None
-        config = self._mux.config
-        unread = self._unconsumed
-        message = (
-            f"reader fell behind: {unread} bytes unread"
-            + (f" for {config.slow_reader_timeout:g} s" if config.slow_reader_timeout else "")
-            + f" (receive_window={config.receive_window}, slow_reader='reset')"
-        )
-        fmt = self._mux.engine.format
-        self._mux._reset_channel(self, message)
-        self._backlog.clear()
-        self._backlog_size = 0
-        self._drop_unread()
-        reader = self._reader
-        if reader is not None:
-            reader._deferred = None
-            reader._buffer.clear()  # the data is gone: fail now, not after it
-        self._finish(ChannelOverflow(f"{fmt}: {self._label()} was reset: {message}"))
-
-    def _feed(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
+    def data(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
         """``n`` bytes arrived from the peer: ``data`` followed by ``more``."""
         protocol = self._protocol
         if self._read_closed or protocol is None or self._done:
-            self._mux._ack(self._handle, n)  # discard, but keep the peer's credit flowing
+            self._core.consumed(self._handle, n)  # dropped, but keep the peer's credit flowing
             return
         reader = self._reader
         if reader is not None:
             self._unconsumed += n
-            self._mux._hold(n)
-            buffer = reader._buffer
             if (
-                buffer
+                reader.buffered
                 and not self._backlog
-                and (len(buffer) < self._feed_limit or reader._waiter is not None)  # type: ignore[attr-defined]
+                and (reader.buffered < self._feed_limit or reader.waiting)
             ):
-                reader._feed_parts(data, more)
+                reader.feed_parts(data, more)
             else:
                 # Into the backlog, copied once (a view would pin the whole received chunk
                 # it points into). ``read()`` hands these objects out as they are, so the
@@ -576,11 +351,8 @@ class ChannelTransport(asyncio.Transport):
                 if more:
                     backlog.extend([bytes(part) for part in more])
                 self._backlog_size += n
-                if reader._waiter is not None:  # type: ignore[attr-defined]
-                    reader._wakeup_waiter()  # type: ignore[attr-defined]
-            mux = self._mux
-            if not mux.engine.has_flow_control and self._unconsumed > mux.config.receive_window:
-                self._reader_behind()
+                if reader.waiting:
+                    reader.wakeup()
             return
         protocol.data_received(bytes(data))  # type: ignore[attr-defined]
         for part in more:
@@ -588,31 +360,41 @@ class ChannelTransport(asyncio.Transport):
         if self._reading_paused:
             self._held_credit += n
         else:
-            self._mux._ack(self._handle, n)
+            self._core.consumed(self._handle, n)
 
-    def _reader_consumed(self, held: int) -> None:
+    # The reader's source (ReaderSource).
+
+    @property
+    def backlog_size(self) -> int:
+        """Received bytes the reader does not hold yet."""
+        return self._backlog_size
+
+    @property
+    def unconsumed(self) -> int:
+        """Bytes given to the reader and not yet reported consumed."""
+        return self._unconsumed
+
+    def reader_consumed(self, held: int) -> None:
         """The reader consumed everything it had beyond ``held`` unread bytes (its buffer
         plus our backlog)."""
         consumed = self._unconsumed - held
         if consumed > 0:
             self._unconsumed = held
-            self._mux._release(consumed)
-            # Batched: one engine call per loop iteration, not per read (a reader of
+            # Batched: one core call per loop iteration, not per read (a reader of
             # 64-byte messages reads twice per message, thousands per iteration).
             self._ack_pending += consumed
             if not self._ack_scheduled:
                 self._ack_scheduled = True
-                self._mux._ack_later(self)
-            if self._reading_paused and held <= self._mux.config.receive_window // 2:
-                self._set_reading_paused(False)
+                self._host.credit_later(self)
 
-    def _send_acks(self) -> None:
+    def send_credit(self, now: float) -> None:
+        """Report what the reader consumed since the last call (see ``credit_later``)."""
         self._ack_scheduled = False
         n, self._ack_pending = self._ack_pending, 0
-        if n and not self._done:
-            self._mux._ack(self._handle, n)
+        if n:
+            self._core.consumed(self._handle, n, now)
 
-    def _read_backlog(self, n: int) -> bytes:
+    def read_backlog(self, n: int) -> bytes:
         """``read(n)`` served from the backlog (the reader's buffer is empty): a received
         part as it is when it fits, small parts joined, a large one split."""
         backlog = self._backlog
@@ -635,37 +417,37 @@ class ChannelTransport(asyncio.Transport):
         self._backlog_size -= len(data)
         return data
 
-    def _top_up(self, limit: int | None) -> bool:
-        """Move backlog into the reader while its buffer is below ``limit`` (None: all)."""
+    def _top_up(self) -> bool:
+        """Move the backlog into the reader."""
         reader = self._reader
         backlog = self._backlog
         if reader is None or not backlog:
             return False
-        buffer = reader._buffer
-        while backlog and (limit is None or len(buffer) < limit):
+        while backlog:
             part = backlog.popleft()
             self._backlog_size -= len(part)
             reader.feed_data(part)
         return True
 
-    def _reader_waiting(self) -> bool:
+    def reader_waiting(self) -> bool:
         """The reader needs more than it holds: give it the backlog and credit what it
         holds. Returns True if it got data (it need not wait)."""
-        fed = self._top_up(None)
-        if self._unconsumed:
-            n, self._unconsumed = self._unconsumed, 0
-            self._mux._release(n)
-            self._mux._ack(self._handle, n)
-        self._set_reading_paused(False)
+        fed = self._top_up()
+        pending = self._unconsumed + self._ack_pending
+        self._unconsumed = self._ack_pending = 0
+        if pending:
+            self._core.consumed(self._handle, pending, self._host.now())
+        self._core.reader_waiting(self._handle)
+        self._host.process()
         return fed
 
-    def _remote_end(self) -> None:
+    def remote_end(self) -> None:
         """The peer finished writing."""
         self._remote_ended = True
         protocol = self._protocol
         if protocol is None or self._done or self._read_closed:
             return
-        self._top_up(None)  # all data before the EOF
+        self._top_up()  # all data before the EOF
         keep_open = protocol.eof_received()  # type: ignore[attr-defined]
         if not keep_open:
             self.close()
@@ -690,11 +472,10 @@ class ChannelTransport(asyncio.Transport):
         self._read_closed = True
         self._backlog.clear()
         self._backlog_size = 0
-        if self._unconsumed:
-            self._mux._ack(self._handle, self._unconsumed)
-            self._drop_unread()
-        self.write_eof()
-        self._close_timer = self._mux.loop.call_later(self._mux.config.close_timeout, self.abort)
+        self._unconsumed = self._ack_pending = 0  # the core credits all it counted unread
+        self._eof_requested = True
+        self._core.close_channel(self._handle)
+        self._host.process()
 
     def abort(self) -> None:
         """Terminate the channel at once, discarding buffered data."""
@@ -706,90 +487,46 @@ class ChannelTransport(asyncio.Transport):
         reference). Buffered data is discarded."""
         if isinstance(error, BaseException):
             error = f"{type(error).__name__}: {error}"
-        # A closed channel may still linger in the engine (close() waits for the peer).
-        self._mux._reset_channel(self, error)
-        self._finish(None)
-
-    def _label(self) -> str:
-        return self._label_text
-
-    def _eof_was_sent(self, closed: bool) -> None:
-        """The scheduler sent our end-of-writing; ``closed``: the channel is complete."""
-        if closed:
-            self._finish(None)
-        elif self._closing:
-            # close(): the protocol is done with the channel; the engine lingers until
-            # the peer ends too (its data is discarded meanwhile).
-            self._deliver_lost(None)
-
-    def _peer_closed(self, local_done: bool) -> None:
-        """The engine closed the channel cleanly (both ends, or the peer terminated)."""
-        if not local_done and self._write_error is None:
-            self._write_error = ChannelClosedError(
-                f"{self._mux.engine.format}: {self._label()} was closed by the peer"
-            )
-        self._finish(None)
-
-    def _drop_unread(self) -> None:
-        """Unread bytes no longer count against the session's budget (the channel dropped
-        them, or it is finished: what its reader still holds is the application's)."""
-        if self._unconsumed:
-            n, self._unconsumed = self._unconsumed, 0
-            self._mux._release(n)
-
-    def _drop_unsent(self) -> None:
-        self._buf.clear()
-        if self._buffered:
-            n, self._buffered = self._buffered, 0
-            mux = self._mux
-            mux._sent(n)
-            mux._release(min(n, mux._unsent_cap))
-
-    def _peer_stopped_reading(self) -> None:
-        self._write_error = ChannelClosedError(
-            f"{self._mux.engine.format}: the peer stopped reading {self._label()}"
-        )
-        self._drop_unsent()
-        self._update_write_pause()
-        self.write_eof()
-
-    def _peer_reset(self, message: str | None) -> None:
-        self._finish(ChannelReset(self._mux.engine.format, self._label(), message))
-
-    def _fail(self, exc: Exception) -> None:
-        """The session ended under this channel. If the peer had already finished
-        writing, what it sent stays readable (then EOF); only writing fails."""
-        if self._remote_ended:
-            self._write_error = self._write_error or exc
-            self._finish(None)
+        if self._handle in self._core.channels:
+            self._core.reset(self._handle, error)
+            self._host.process()
         else:
-            self._finish(exc)
+            self.finished(None, None)
 
-    def _finish(self, exc: Exception | None) -> None:
-        """Final state: nothing more will be sent or received."""
-        if self._close_timer is not None:
-            self._close_timer.cancel()
-            self._close_timer = None
-        if self._overflow_timer is not None:
-            self._overflow_timer.cancel()
-            self._overflow_timer = None
+    def finished(
+        self,
+        error: Exception | None,
+        write_error: Exception | None,
+        *,
+        drop_unread: bool = False,
+        lingering: bool = False,
+    ) -> None:
+        """The core is done with the channel (``lingering``: the application is; the
+        engine waits for the peer's end). See :class:`polymux.session.events.Finished`."""
+        if lingering:
+            self._deliver_lost(None)
+            return
+        if write_error is not None and self._write_error is None:
+            self._write_error = write_error
         if self._write_error is None:
-            self._write_error = exc or ChannelClosedError(
-                f"{self._mux.engine.format}: {self._label()} is closed"
+            self._write_error = error or ChannelClosedError(
+                f"{self._core.format}: {self._label_text} is closed"
             )
-        self._drop_unsent()
-        self._drop_unread()
-        self._mux._channel_done(self)
-        self._deliver_lost(exc)
+        if drop_unread:
+            self._backlog.clear()
+            self._backlog_size = 0
+            if self._reader is not None:
+                self._reader.drop()  # the data is gone: fail now, not after it
+        self._unconsumed = self._ack_pending = 0
+        self._deliver_lost(error)
 
     def _deliver_lost(self, exc: Exception | None) -> None:
         if self._done:
             return
         self._done = True
         self._closing = True
-        self._set_reading_paused(False)
         if not self._read_closed:
-            self._top_up(None)  # what arrived is readable before the end (or the error)
+            self._top_up()  # what arrived is readable before the end (or the error)
         protocol = self._protocol
         if protocol is not None:
             protocol.connection_lost(exc)

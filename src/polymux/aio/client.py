@@ -197,6 +197,9 @@ class _StreamPairTransport(asyncio.Transport):
         if self._pump is not None and self._pump is not asyncio.current_task():
             self._pump.cancel()
 
+    def get_write_buffer_size(self) -> int:
+        return self._writer.transport.get_write_buffer_size()
+
     def write(self, data: Any) -> None:
         if self._closing:
             return

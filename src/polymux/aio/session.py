@@ -1,12 +1,11 @@
-"""The asyncio session: :class:`MuxProtocol` drives an engine over a real transport, and
-:class:`Session` is the public face of one multiplexed connection.
+"""The asyncio driver: :class:`MuxProtocol` runs a :class:`~polymux.session.SessionCore` on a
+real transport, and :class:`Session` is the public face of one multiplexed connection.
 
-The send scheduler lives here. It runs in one loop callback per batch: control frames the
-engine queued come first, then one frame per channel in round-robin order among the
-channels that have data and credit, until ``batch_bytes`` are gathered; the batch goes to
-the socket in one ``write()``. It stops while the socket transport is paused
-(``pause_writing``) and resumes on ``resume_writing``. So one bulk channel cannot starve
-the others, and no channel sends past its credit.
+The driver only moves bytes, time and events: received bytes and the clock go into the
+core; the core's events become channel transports, readers, writers and futures; its
+output goes to the socket in one ``writelines()`` per scheduler batch while the socket
+takes it; reading pauses while the core says so; one timer follows the core's next
+deadline. Every decision (scheduling, credit, limits, budgets, timeouts) is the core's.
 """
 
 from __future__ import annotations
@@ -20,30 +19,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
 
 from polymux._types import CaptureSink
-from polymux.aio.channel import (
-    ChannelStreamProtocol,
-    ChannelStreamReader,
-    ChannelTransport,
-    SendOnlyStreamReader,
-)
+from polymux.aio.channel import ChannelTransport
+from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev, make_engine
-from polymux.engine.omnistreams import ControlReceived
-from polymux.exceptions import (
-    ChannelRejected,
-    ChannelReset,
-    LimitExceeded,
-    PolymuxError,
-    ProtocolError,
-    SessionClosed,
-)
+from polymux.engine import Engine, make_engine
+from polymux.exceptions import LimitExceeded, PolymuxError, SessionClosed
+from polymux.session import NoRoomToOpen, SessionCore, events as ce
 
 
 __all__ = ["ChannelHandler", "MuxProtocol", "OfferFilter", "Session"]
 
 _clock = time.monotonic
-"""The engines' clock (RTT, window tuning). Not ``loop.time()``: uvloop's has millisecond
-resolution, which measured a loopback RTT as 0 and kept yamux windows from ever growing."""
+"""The core's and the engines' clock (RTT, window tuning, deadlines). Not ``loop.time()``:
+uvloop's has millisecond resolution, which measured a loopback RTT as 0 and kept yamux
+windows from ever growing."""
 
 logger = logging.getLogger("polymux")
 
@@ -56,30 +45,9 @@ OfferFilter = Callable[[str], bool]
 
 StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
-_MAX_UNREAD_CONTROLS = 1024
-"""Control messages (omnistreams) held unread before the session stops reading the connection."""
-
-# Why reading from the peer is paused (bits of MuxProtocol._read_block); reading resumes
-# only once every reason is gone.
-_SLOW_READER = 1
-"""A channel's reader is full and the format has no credit to withhold (``slow_reader``)."""
-_CONTROLS = 2
-"""omnistreams: too many control messages unread by the application."""
-_BACKLOG = 4
-"""Replies cannot be written (the peer does not read): ``max_queued_control``."""
-_BUDGET = 8
-"""The session holds ``max_session_memory`` (unread plus unsent bytes)."""
-_STALLED = _BACKLOG | _BUDGET
-"""Reasons that, with the socket unwritable, start the ``send_timeout`` clock."""
-
-_BUSY_READ = 64 * 1024
-"""A socket read at least this large means the peer had more queued: it is busy, not dead
-(keepalive waits longer for an answer that sits behind what it sent)."""
-
 
 class MuxProtocol(asyncio.Protocol):
-    """Runs one engine on one connection: feeds it received bytes, dispatches its events
-    to channel transports and writes what it produces through the send scheduler."""
+    """Runs one session core on one connection (see the module docstring)."""
 
     def __init__(
         self,
@@ -92,67 +60,50 @@ class MuxProtocol(asyncio.Protocol):
         engine: Engine | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self.config = config or SessionConfig()
-        self.engine = engine or make_engine(protocol, self.config, is_client=is_client)
+        self.config = config = config or SessionConfig()
+        self.engine = engine or make_engine(protocol, config, is_client=is_client)
         self.is_client = is_client
+        self.core = SessionCore(
+            self.engine, config, _clock(), offer_filter=offer_filter, has_handler=handler is not None
+        )
         self._handler = handler
-        self._offer_filter = offer_filter
         self._transport: asyncio.Transport | None = None
         self._channels: dict[int, ChannelTransport] = {}
         self._offers: dict[int, asyncio.Future[None]] = {}
-        self._incoming: deque[tuple[str, StreamPair]] = deque()
+        self._incoming: deque[tuple[str, int, StreamPair]] = deque()
         self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
-        self._ready_queue: deque[ChannelTransport] = deque()
-        self._acks_due: list[ChannelTransport] = []  # channels whose consumed bytes await credit
+        self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
+        self._credits_due: list[ChannelTransport] = []  # channels whose consumed bytes await credit
         self._flush_pending = False
         self._write_paused = False
-        self._read_pausers = 0
-        self._read_block = 0  # why reading is paused: _SLOW_READER | _CONTROLS | ...
-        # The memory budget (max_session_memory). _held: bytes received and not yet consumed
-        # by the application, plus bytes written and not yet sent, counted per channel up to
-        # twice its high-water mark (an application that ignores drain() owns the rest);
-        # over the budget, reading stops. _unsent: all unsent bytes; over half the budget,
-        # every writer's drain() blocks.
-        budget = self.config.max_session_memory
-        self._held = 0
-        self._hold_limit, self._hold_resume = budget, budget * 3 // 4
-        self._unsent = 0
-        self._unsent_limit, self._unsent_resume = budget // 2, budget // 4
-        self._unsent_cap = 2 * self.config.write_buffer_high
-        self._held_writers: set[ChannelTransport] = set()
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._stall_mark = 0  # unsent socket bytes when the send_timeout clock (re)started
-        self._handshake_timer: asyncio.TimerHandle | None = None
-        self._handlers = 0  # channel handlers still running (a reset channel's too)
-        self._last_busy = -1e9  # loop time of the last full socket read
+        self._reading = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
-        self._closing = False
-        self._inbound = 0  # live channels the peer opened
-        self._open_tokens = max(1.0, self.config.inbound_channel_rate)
-        self._open_stamp = self.loop.time()
-        self._error: BaseException | None = None
-        self._peer_goaway: str | None = None
-        self._failed = False  # the session ended because of an error (not a clean close)
         self._eof_written = False
-        self._pings: dict[int, tuple[asyncio.Future[float], float]] = {}
-        self._keepalive: asyncio.Task[None] | None = None
-        self._open_timers: dict[int, asyncio.TimerHandle] = {}  # our yamux opens not yet ACKed
-        self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
+        self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
-        self._last_activity = self.loop.time()  # last whole frame received, or last channel gone
-        self._idle_timer: asyncio.TimerHandle | None = None
-        # omnistreams: control messages not yet read, and stream pairs waiting for their answer.
-        self._controls: deque[bytes] = deque()
+        self._processing = False
+        # omnistreams: readers of control messages, and stream pairs waiting for their answer.
         self._control_waiters: deque[asyncio.Future[bytes]] = deque()
-        self._controls_paused = False
         self._pairs: dict[str, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
-        self._pair_tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         self.session = Session(self)
         self.on_connection_made: Callable[[], None] | None = None
         """Called once the connection is made: servers count a session only from then on
         (a TLS handshake that fails never makes it, nor ends it)."""
+
+    # Views of the core's state (for tests and tools).
+
+    @property
+    def _peer_goaway(self) -> str | None:
+        return self.core.peer_goaway
+
+    @property
+    def _error(self) -> BaseException | None:
+        return self.core.error
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -163,58 +114,92 @@ class MuxProtocol(asyncio.Protocol):
             self.on_connection_made()
         if self.config.capture is not None:
             self._start_capture(self._transport)
-        if self.engine.ready:
-            self.ready.set_result(None)
-        else:
-            # Both sides: a peer that connects and never completes the handshake must not
-            # hold a socket until idle_timeout.
-            self._handshake_timer = self.loop.call_later(
-                self.config.handshake_timeout, self._handshake_expired
-            )
-        if self._supports_ping():
-            if self.engine.ready:
-                self._send_ping()  # at once: the RTT drives window tuning
-            self._keepalive = self.loop.create_task(self._keep_alive(self.config.keepalive_interval))
-        if self.config.idle_timeout is not None:
-            self._last_activity = self.loop.time()
-            self._idle_timer = self.loop.call_later(self.config.idle_timeout, self._check_idle)
-        self._schedule_flush()
+        self.core.connection_made(_clock())
+        self.process()
 
-    def _handshake_expired(self) -> None:
-        self._handshake_timer = None
-        if self.ready.done() or self._transport is None:
+    def data_received(self, data: bytes) -> None:
+        core = self.core
+        if core.failed:
             return
-        self._abort(
-            SessionClosed(
-                f"{self.engine.format}: no handshake from the peer within "
-                f"{self.config.handshake_timeout:g} s (handshake_timeout)"
-            )
-        )
+        if self._capture is not None:
+            self._capture.received(data)
+        core.receive_data(data, _clock())
+        self.process()
+        if self._drain_waiters:
+            self._wake()
 
-    def _check_idle(self) -> None:
-        """``idle_timeout``: close a session that has had no channels and received nothing
-        for that long (a half-open connection, or a peer that never speaks)."""
-        self._idle_timer = None
-        timeout = self.config.idle_timeout
+    def eof_received(self) -> bool:
+        # The peer closed its side of the connection: the session is over.
+        self.core.receive_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if self._capture is not None:
+            capture, self._capture = self._capture, None
+            capture.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        core = self.core
+        core.connection_lost(exc)
+        self.process()
+        error = SessionClosed(f"{core.format}: session ended: {core.error}")
+        error.__cause__ = core.error
+        for fut in self._offers.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._offers.clear()
+        for _name, waiter in self._accept_waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._accept_waiters.clear()
+        if not self.ready.done():
+            self.ready.set_exception(error)
+            self.ready.exception()  # a server's session may have nobody awaiting its handshake
+        for ping in self._pings.values():
+            if not ping.done():
+                ping.set_exception(error)
+                ping.exception()  # nobody may await it: no "never retrieved" log
+        self._pings.clear()
+        for control in self._control_waiters:
+            if not control.done():
+                control.set_exception(error)
+        self._control_waiters.clear()
+        for pair in self._pairs.values():
+            if not pair.done():
+                pair.set_exception(error)
+        self._pairs.clear()
+        self._wake_openers(everyone=True)
+        self._wake()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self.core.socket_paused(True, self._socket_unsent())
+        self._arm_timer()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self.core.socket_paused(False, self._socket_unsent())
+        self.want_flush()
+
+    def _socket_unsent(self) -> int:
+        """Bytes the socket transport holds unsent (0 for one that cannot say)."""
         transport = self._transport
-        if transport is None or timeout is None or self._error is not None:
-            return
-        now = self.loop.time()
-        if self._channels or self._incoming or self._offers:
-            self._last_activity = now
-        idle = now - self._last_activity
-        if idle < timeout:
-            self._idle_timer = self.loop.call_later(timeout - idle, self._check_idle)
-            return
-        self._error = SessionClosed(
-            f"{self.engine.format}: closed after {timeout:g} s with no channels and no frame received "
-            "(idle_timeout)"
-        )
-        logger.info("%s", self._error)
-        self._closing = True
-        if not self.engine.closed:
-            self.engine.close()  # a go-away where the format has one
-        self._shut()
+        if transport is None:
+            return 0
+        try:
+            return transport.get_write_buffer_size()
+        except NotImplementedError:
+            return 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Extra information of the underlying transport."""
+        if self._transport is None:
+            return default
+        return self._transport.get_extra_info(name, default)
 
     def _start_capture(self, transport: asyncio.Transport) -> None:
         def addr(name: str) -> str:
@@ -238,309 +223,236 @@ class MuxProtocol(asyncio.Protocol):
                 "%s: the capture factory failed; this session is not recorded", self.engine.format
             )
 
-    # -- pings and keepalive -----------------------------------------------------------------
+    # -- the core's events -------------------------------------------------------------------
 
-    def _supports_ping(self) -> bool:
-        return type(self.engine).ping is not Engine.ping
-
-    def _send_ping(self) -> asyncio.Future[float]:
-        engine = self.engine
-        engine.now = _clock()
-        opaque = engine.ping()
-        fut: asyncio.Future[float] = self.loop.create_future()
-        self._pings[opaque] = (fut, engine.now)
-        self._schedule_flush()
-        return fut
-
-    async def ping(self) -> float:
-        """Ping the peer; return the round-trip time in seconds."""
-        if self._error is not None or self._transport is None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
-        if not self._supports_ping() or not self.engine.ping_answered:
-            raise PolymuxError(f"{self.engine.format} has no ping (nothing answers its keepalive)")
-        fut = self._send_ping()
+    def process(self) -> None:
+        """Act on the core's events, then follow its reading state, output and deadline."""
+        if self._processing:
+            return  # re-entered from a callback below: the outer loop takes the new events
+        self._processing = True
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
-        except TimeoutError:
-            self._forget_pings(fut)
-            raise SessionClosed(
-                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
-            ) from None
-
-    def _forget_pings(self, fut: asyncio.Future[float]) -> None:
-        for opaque, (pending, _sent) in list(self._pings.items()):
-            if pending is fut:
-                del self._pings[opaque]
-
-    async def _keep_alive(self, interval: float | None) -> None:
-        try:
-            if not self.engine.ready:
-                await asyncio.shield(self.ready)  # a handshake first (Streamux negotiation)
-                if self._transport is not None:
-                    self._send_ping()  # the RTT
-            if interval is None:
-                return
-            while self._transport is not None:
-                await asyncio.sleep(interval)
-                fut = self._send_ping()
-                timeout = self.config.keepalive_timeout
-                if not self.engine.ping_answered:
-                    # Nothing answers this ping (smux's NOP): the peer's next frame does, and
-                    # an idle peer sends one only every ITS keepalive interval (xtaci: 10 s).
-                    timeout += interval
-                waited = 0.0
-                while True:
-                    unsent = self._socket_unsent()
-                    try:
-                        await asyncio.wait_for(asyncio.shield(fut), timeout)
-                        break
-                    except TimeoutError:
-                        # Only an answer proves the peer alive (a trickle of bytes does not).
-                        # A busy peer's answer may sit behind what it sent before it (100,000
-                        # channel opens: full socket reads), and our ping behind what we
-                        # send (our unsent bytes shrink as the peer reads): wait longer
-                        # then, but never past 4 x keepalive_timeout in all.
-                        waited += timeout
-                        if self._transport is not None and waited < 4 * timeout:
-                            busy = self.loop.time() - self._last_busy < timeout
-                            if busy or self._socket_unsent() < unsent:
-                                continue
-                    self._forget_pings(fut)
-                    err = SessionClosed(
-                        f"{self.engine.format}: keepalive failed: no answer to a ping within "
-                        f"{waited:g} s (keepalive_timeout={self.config.keepalive_timeout:g})"
-                    )
-                    logger.warning("%s", err)
-                    self._abort(err)
-                    return
-        except (asyncio.CancelledError, SessionClosed, ProtocolError):
-            return
-
-    def data_received(self, data: bytes) -> None:
-        if self._error is not None:
-            return
-        if self._capture is not None:
-            self._capture.received(data)
-        engine = self.engine
-        engine.now = _clock()
-        try:
-            events = engine.receive_data(data)
-        except ProtocolError as exc:
-            logger.warning("%s", exc)
-            self._abort(exc)
-            return
-        if events or engine.has_output:
-            # Whole frames arrived (bytes of a frame that never ends do not count).
-            self._last_activity = now = self.loop.time()
-            if len(data) >= _BUSY_READ:
-                self._last_busy = now
-        for event in events:
-            self._dispatch(event)
-        self._schedule_flush()
-        if self._write_paused and engine.queued_frames > self.config.max_queued_control:
-            # The peer sends frames that need answers and does not read them.
-            self._block_reading(_BACKLOG, True)
-        if self._drain_waiters:
-            self._wake()
-
-    def eof_received(self) -> bool:
-        # The peer closed its side of the connection: the session is over.
-        self._closing = True
-        try:
-            self.engine.receive_eof()
-        except ProtocolError as exc:
-            logger.warning("%s", exc)
-            if self._error is None:
-                self._error = exc
-                self._failed = True
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self._closing = True
-        self.engine.closed = True
-        if self._capture is not None:
-            capture, self._capture = self._capture, None
-            capture.close()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-        for timer in self._open_timers.values():
-            timer.cancel()
-        self._open_timers.clear()
-        for handle in (self._stall_timer, self._handshake_timer):
-            if handle is not None:
-                handle.cancel()
-        self._stall_timer = self._handshake_timer = None
-        self._held_writers.clear()
-        self._wake_openers(everyone=True)
-        if self._error is not None:
-            cause: BaseException | None = self._error
-            error = SessionClosed(f"{self.engine.format}: session ended: {self._error}")
-        elif exc is not None:
-            cause = exc
-            error = SessionClosed(f"{self.engine.format}: connection lost: {exc}")
-            self._failed = True
-        else:
-            cause = None
-            error = SessionClosed(f"{self.engine.format}: the session's connection was closed")
-        error.__cause__ = cause
-        if self._error is None:
-            self._error = error
-        for channel in list(self._channels.values()):
-            channel._fail(error)
-        self._channels.clear()
-        for fut in self._offers.values():
-            if not fut.done():
-                fut.set_exception(error)
-        self._offers.clear()
-        for _name, waiter in self._accept_waiters:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self._accept_waiters.clear()
-        if not self.ready.done():
-            self.ready.set_exception(error)
-            self.ready.exception()  # a server's session may have nobody awaiting its handshake
-        for ping, _sent in self._pings.values():
-            if not ping.done():
-                ping.set_exception(error)
-                ping.exception()  # keepalive/RTT pings may have no awaiter: no "never retrieved" log
-        self._pings.clear()
-        for control in self._control_waiters:
-            if not control.done():
-                control.set_exception(error)
-        for pair in self._pairs.values():
-            if not pair.done():
-                pair.set_exception(error)
-        self._control_waiters.clear()
-        self._pairs.clear()
-        self._wake()
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self._arm_stall()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self._schedule_flush()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """Extra information of the underlying transport."""
-        if self._transport is None:
-            return default
-        return self._transport.get_extra_info(name, default)
-
-    # -- events ------------------------------------------------------------------------------
-
-    def _dispatch(self, event: ev.Event) -> None:
-        if isinstance(event, ev.DataReceived):
-            channel = self._channels.get(event.channel)
-            if channel is not None:
-                channel._feed(event.data, event.more, event.flow_controlled_length)
+            core = self.core
+            while events := core.events():
+                for event in events:
+                    self._on_event(event)
+        finally:
+            self._processing = False
+        reading = core.reading
+        transport = self._transport
+        if reading != self._reading and transport is not None and not transport.is_closing():
+            self._reading = reading
+            if reading:
+                transport.resume_reading()
             else:
-                self._ack(event.channel, event.flow_controlled_length)
-        elif isinstance(event, ev.CreditAvailable):
-            channel = self._channels.get(event.channel)
+                transport.pause_reading()
+        if core.has_output:
+            self.want_flush()
+        self._arm_timer()
+
+    def _on_event(self, event: ce.CoreEvent) -> None:
+        channels = self._channels
+        if isinstance(event, ce.Data):
+            channel = channels.get(event.handle)
             if channel is not None:
-                self._want_send(channel)
-        elif isinstance(event, ev.ChannelOpened):
-            self._on_offer(event.channel, event.name)
-        elif isinstance(event, ev.ChannelAccepted):
-            self._open_settled(event.channel)
-            channel = self._channels.get(event.channel)
-            fut = self._offers.pop(event.channel, None)
+                channel.data(event.data, event.more, event.n)
+            else:
+                self.core.consumed(event.handle, event.n)
+        elif isinstance(event, ce.Finished):
+            channel = channels.get(event.handle)
             if channel is not None:
-                channel._accepted = True
-                self._want_send(channel)
+                if not event.lingering:
+                    del channels[event.handle]
+                channel.finished(
+                    event.error, event.write_error, drop_unread=event.drop_unread, lingering=event.lingering
+                )
+            fut = self._offers.pop(event.handle, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(event.error or SessionClosed(f"{self.core.format}: the channel ended"))
+        elif isinstance(event, ce.Ended):
+            channel = channels.get(event.handle)
+            if channel is not None:
+                channel.remote_end()
+        elif isinstance(event, ce.WriteResumed):
+            channel = channels.get(event.handle)
+            if channel is not None:
+                channel.resume_writing_now()
+        elif isinstance(event, ce.Incoming):
+            self._on_incoming(event.handle, event.name)
+        elif isinstance(event, ce.Accepted):
+            fut = self._offers.pop(event.handle, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
-        elif isinstance(event, ev.ChannelEnded):
-            channel = self._channels.get(event.channel)
-            if channel is not None:
-                channel._remote_end()
-        elif isinstance(event, ev.ChannelClosed):
-            channel = self._channels.get(event.channel)
-            if channel is not None:
-                channel._peer_closed(event.local_done)
-        elif isinstance(event, ev.ChannelReset):
-            fut = self._offers.pop(event.channel, None)
-            channel = self._channels.get(event.channel)
+        elif isinstance(event, ce.OpenFailed):
+            fut = self._offers.pop(event.handle, None)
             if fut is not None and not fut.done():
-                label = channel._label() if channel else f"#{event.channel}"
-                exc = ChannelReset(self.engine.format, label, event.message)
-                fut.set_exception(exc)
+                fut.set_exception(event.error)
+        elif isinstance(event, ce.WritingStopped):
+            channel = channels.get(event.handle)
             if channel is not None:
-                channel._peer_reset(event.message)
-        elif isinstance(event, ev.ChannelRejected):
-            fut = self._offers.pop(event.channel, None)
-            channel = self._channels.get(event.channel)
-            name = channel.name if channel is not None else ""
-            label = channel._label() if channel is not None else f"#{event.channel}"
-            if channel is not None:
-                channel._finish(None)
-            if fut is not None and not fut.done():
-                fut.set_exception(ChannelRejected(self.engine.format, label, name))
-        elif isinstance(event, ev.ReadingStopped):
-            channel = self._channels.get(event.channel)
-            if channel is not None:
-                channel._peer_stopped_reading()
-        elif isinstance(event, ev.SessionReady):
-            if self._handshake_timer is not None:
-                self._handshake_timer.cancel()
-                self._handshake_timer = None
+                channel.writing_stopped(event.error)
+        elif isinstance(event, ce.PingAnswered):
+            ping = self._pings.pop(event.opaque, None)
+            if ping is not None and not ping.done():
+                ping.set_result(event.rtt)
+        elif isinstance(event, ce.ControlArrived):
+            self._serve_control_waiters()
+        elif isinstance(event, ce.RoomToOpen):
+            self._wake_openers(error=event.error, everyone=event.everyone)
+        elif isinstance(event, ce.Ready):
             if not self.ready.done():
                 self.ready.set_result(None)
-        elif isinstance(event, ev.SessionClosed):
-            # The peer's go-away: no new channels; open ones may finish. One that reports
-            # an error ends the session (as hashicorp's handleGoAway does).
-            self._peer_goaway = f"the peer is going away ({event.message})"
-            self._wake_openers(everyone=True)  # opens waiting for room fail now
-            if event.code:
-                self._abort(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
-        elif isinstance(event, ev.PingAcked):
-            entry = self._pings.pop(event.opaque, None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(_clock() - entry[1])
-        elif isinstance(event, ControlReceived):
-            self._on_control(event.data)
+        elif isinstance(event, ce.Failed):
+            self._on_failed(event.error)
+
+    def _on_failed(self, error: BaseException) -> None:
+        if isinstance(error, SessionClosed) and "idle_timeout" in str(error):
+            logger.info("%s", error)
+        else:
+            logger.warning("%s", error)
+        self._shut()
+
+    def _shut(self) -> None:
+        """Close the connection now: send what the core queued last (a go-away naming the
+        error) if the socket takes it at once, and abort (dropping unsent bytes) if it does
+        not: a peer that does not read must not keep the socket, its buffers and the
+        channels' memory alive."""
+        transport = self._transport
+        if transport is None:
+            return
+        out = self.core.data_to_send()
+        if out and not transport.is_closing():
+            if self._capture is not None:
+                self._capture.sent(out)
+            transport.writelines(out)
+        if self._socket_unsent():
+            transport.abort()
+        else:
+            transport.close()
+
+    def fail(self, error: BaseException) -> None:
+        """End the session because of ``error`` (the transport found a violation)."""
+        self.core.fail(error)
+        self.process()
+
+    # -- the timer ---------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        """One timer, at the core's next deadline (or earlier: an early call is harmless)."""
+        when = self.core.next_deadline()
+        if when is None or self._transport is None:
+            return
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_later(max(0.0, when - _clock()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        transport = self._transport
+        if transport is None:
+            return
+        self.core.handle_timer(_clock(), self._socket_unsent())
+        self.process()
+
+    # -- incoming channels -------------------------------------------------------------------
+
+    def _on_incoming(self, handle: int, name: str) -> None:
+        channel = ChannelTransport(self, handle, name, local=False)
+        self._channels[handle] = channel
+        role = self._pair_role(handle) if self.engine.one_way else None
+        if role is not None:
+            self._on_pair_offer(role[0], role[1], name, channel)
+            return
+        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
+        if self._handler is not None:
+            protocol = ChannelStreamProtocol(reader, self._run_handler, loop=self.loop)
+            channel.attach(protocol, reader)
+            return
+        protocol = ChannelStreamProtocol(reader, loop=self.loop)
+        channel.attach(protocol, reader)
+        writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
+        self._incoming.append((name, handle, (reader, writer)))
+        self._serve_accept_waiters()
+
+    async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Run the channel handler; an exception it raises resets the channel, carrying
+        ``"Type: message"`` to the peer where the format can."""
+        assert self._handler is not None
+        # Counted until the handler returns, after its channel is gone too: a peer that
+        # opens and resets channels at once (Rapid Reset) cannot start handlers faster
+        # than they finish.
+        self.core.handler_started()
+        try:
+            result = self._handler(reader, writer)
+            if result is not None:
+                await result
+        except Exception as exc:
+            transport = writer.transport
+            logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
+            if isinstance(transport, ChannelTransport):
+                transport.reset(exc)
+        finally:
+            self.core.handler_finished()
+
+    def _serve_accept_waiters(self) -> None:
+        for waiter_entry in list(self._accept_waiters):
+            want, waiter = waiter_entry
+            if waiter.done():
+                self._accept_waiters.remove(waiter_entry)
+                continue
+            for entry in self._incoming:
+                if want is None or entry[0] == want:
+                    self._incoming.remove(entry)
+                    self._accept_waiters.remove(waiter_entry)
+                    self.core.taken(entry[1])
+                    waiter.set_result(entry[2])
+                    break
+
+    async def accept(self, name: str | None) -> StreamPair:
+        """Wait for an incoming channel (named ``name``, if given)."""
+        for entry in self._incoming:
+            if name is None or entry[0] == name:
+                self._incoming.remove(entry)
+                self.core.taken(entry[1])
+                return entry[2]
+        self.core.check_open()
+        waiter: asyncio.Future[StreamPair] = self.loop.create_future()
+        self._accept_waiters.append((name, waiter))
+        return await waiter
 
     # -- omnistreams: control messages and stream pairs --------------------------------------
 
     def send_control(self, data: bytes) -> None:
         """Send a control message (formats that have them: omnistreams)."""
-        send = getattr(self.engine, "send_control", None)
-        if send is None:
+        if not self.engine.has_controls:
             raise PolymuxError(f"{self.engine.format} has no control messages")
-        if self._error is not None or self._transport is None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
-        send(data)
-        self._schedule_flush()
+        if self._transport is None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.core.error
+        self.core.send_control(data)
+        self.process()
 
-    def _on_control(self, data: bytes) -> None:
+    def _serve_control_waiters(self) -> None:
         while self._control_waiters:
-            waiter = self._control_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(data)
+            waiter = self._control_waiters[0]
+            if waiter.done():
+                self._control_waiters.popleft()
+                continue
+            data = self.core.take_control()
+            if data is None:
                 return
-        self._controls.append(data)
-        if len(self._controls) >= _MAX_UNREAD_CONTROLS and not self._controls_paused:
-            self._controls_paused = True  # bounded memory: wait for the application to read
-            self._block_reading(_CONTROLS, True)
+            self._control_waiters.popleft()
+            waiter.set_result(data)
 
     async def receive_control(self) -> bytes:
         """The next control message from the peer."""
-        if self._controls:
-            data = self._controls.popleft()
-            if self._controls_paused and len(self._controls) <= _MAX_UNREAD_CONTROLS // 2:
-                self._controls_paused = False
-                self._block_reading(_CONTROLS, False)
+        data = self.core.take_control()
+        if data is not None:
+            self.process()  # reading may resume
             return data
-        if self._error is not None or self._transport is None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
+        if self._transport is None:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.core.error
         waiter: asyncio.Future[bytes] = self.loop.create_future()
         self._control_waiters.append(waiter)
         return await waiter
@@ -548,8 +460,7 @@ class MuxProtocol(asyncio.Protocol):
     def _pair_role(self, handle: int) -> tuple[str, str] | None:
         """``("pair", token)`` for the first half of a stream pair, ``("reply", token)`` for
         the answer to one of ours, None for a plain stream."""
-        get = getattr(self.engine, "metadata_object", None)
-        meta = get(handle) if get is not None else None
+        meta = self.engine.metadata_object(handle) if self.engine.is_live(handle) else None
         if not meta:
             return None
         for key, role in (("pair", "pair"), ("replyTo", "reply")):
@@ -560,7 +471,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def _on_pair_offer(self, role: str, token: str, name: str, channel: ChannelTransport) -> None:
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        channel._attach(ChannelStreamProtocol(reader, loop=self.loop), reader)
+        channel.attach(ChannelStreamProtocol(reader, loop=self.loop), reader)
         if role == "reply":
             waiter = self._pairs.pop(token, None)
             if waiter is None or waiter.done():
@@ -569,8 +480,8 @@ class MuxProtocol(asyncio.Protocol):
                 waiter.set_result((reader, channel))
             return
         task = self.loop.create_task(self._answer_pair(name, token, reader, channel))
-        self._pair_tasks.add(task)
-        task.add_done_callback(self._pair_tasks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _answer_pair(
         self, name: str, token: str, reader: ChannelStreamReader, inbound: ChannelTransport
@@ -585,230 +496,15 @@ class MuxProtocol(asyncio.Protocol):
             logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, exc)
             inbound.abort()
             return
-        out._partner = inbound
+        out.partner = inbound
         writer = asyncio.StreamWriter(out, protocol, reader, self.loop)
         if self._handler is not None:
             await self._run_handler(reader, writer)
             return
-        self._incoming.append((name, (reader, writer)))
+        self._incoming.append((name, inbound.handle, (reader, writer)))
         self._serve_accept_waiters()
 
-    def _on_offer(self, handle: int, name: str) -> None:
-        engine = self.engine
-        config = self.config
-        # Token bucket: a peer opening channels faster than the rate is abusive. Charged for
-        # every open as it is read, refused ones and ones already reset (Rapid Reset) too.
-        now = self.loop.time()
-        rate = config.inbound_channel_rate
-        self._open_tokens = min(max(1.0, rate), self._open_tokens + (now - self._open_stamp) * rate)
-        self._open_stamp = now
-        if self._open_tokens < 1:
-            error = ProtocolError(engine.format, f"the peer opens channels faster than {rate:g} per second")
-            logger.warning("%s", error)
-            self._abort(error)
-            return
-        self._open_tokens -= 1
-        if not engine.is_live(handle):
-            return  # opened and reset (or cancelled) within the same read: nothing to take
-        refuse = (
-            self._closing
-            or len(self._channels) >= config.max_channels
-            or max(self._inbound, self._handlers) >= config.max_inbound_channels
-            or len(name) > config.max_name_bytes  # characters: a fast first check
-            or len(name.encode("utf-8", "surrogatepass")) > config.max_name_bytes
-            or (self._offer_filter is not None and not self._offer_filter(name))
-            or (self._handler is None and self._backlog_full())
-        )
-        if refuse:
-            engine.reject_channel(handle)
-            return
-        engine.accept_channel(handle)
-        channel = self._new_channel(handle, name, local=False)
-        channel._accepted = True
-        role = self._pair_role(handle) if getattr(engine, "one_way", False) else None
-        if role is not None:
-            self._on_pair_offer(role[0], role[1], name, channel)
-            return
-        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        if self._handler is not None:
-            protocol = ChannelStreamProtocol(reader, self._run_handler, loop=self.loop)
-            channel._attach(protocol, reader)
-            return
-        protocol = ChannelStreamProtocol(reader, loop=self.loop)
-        channel._attach(protocol, reader)
-        writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
-        self._incoming.append((name, (reader, writer)))
-        self._serve_accept_waiters()
-
-    async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Run the channel handler; an exception it raises resets the channel, carrying
-        ``"Type: message"`` to the peer where the format can."""
-        assert self._handler is not None
-        # Counted until the handler returns, after its channel is gone too: a peer that
-        # opens and resets channels at once (Rapid Reset) cannot start handlers faster
-        # than they finish.
-        self._handlers += 1
-        try:
-            result = self._handler(reader, writer)
-            if result is not None:
-                await result
-        except Exception as exc:
-            transport = writer.transport
-            logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
-            if isinstance(transport, ChannelTransport):
-                transport.reset(exc)
-        finally:
-            self._handlers -= 1
-
-    def _backlog_full(self) -> bool:
-        return len(self._incoming) >= self.config.accept_backlog
-
-    def _serve_accept_waiters(self) -> None:
-        for waiter_entry in list(self._accept_waiters):
-            want, waiter = waiter_entry
-            if waiter.done():
-                self._accept_waiters.remove(waiter_entry)
-                continue
-            for entry in self._incoming:
-                if want is None or entry[0] == want:
-                    self._incoming.remove(entry)
-                    self._accept_waiters.remove(waiter_entry)
-                    waiter.set_result(entry[1])
-                    break
-
-    # -- channels ----------------------------------------------------------------------------
-
-    def _new_channel(self, handle: int, name: str, *, local: bool) -> ChannelTransport:
-        channel = ChannelTransport(self, handle, name)
-        channel._local_origin = local
-        self._channels[handle] = channel
-        if not local:
-            self._inbound += 1
-        return channel
-
-    def _channel_done(self, channel: ChannelTransport) -> None:
-        self._open_settled(channel._handle)
-        if self._channels.pop(channel._handle, None) is not None and not channel._local_origin:
-            self._inbound -= 1
-        self._last_activity = self.loop.time()
-
-    def _reset_channel(self, channel: ChannelTransport, message: str | None) -> None:
-        if self.engine.is_live(channel._handle) and not self.engine.closed:
-            self.engine.reset_channel(channel._handle, message)
-            self._schedule_flush()
-
-    def _ack_later(self, channel: ChannelTransport) -> None:
-        """``channel`` has consumed bytes to credit: its ``_send_acks`` runs once the loop's
-        current callbacks are done, together with every other channel's (one callback per
-        iteration for the session, not one per channel: 256 busy readers made 256)."""
-        acks = self._acks_due
-        acks.append(channel)
-        if len(acks) == 1:
-            self.loop.call_soon(self._send_acks)
-
-    def _send_acks(self) -> None:
-        acks, self._acks_due = self._acks_due, []
-        for channel in acks:
-            channel._send_acks()
-
-    def _ack(self, handle: int, n: int) -> None:
-        if self.engine.closed:
-            return
-        engine = self.engine
-        engine.now = _clock()
-        engine.ack_consumed(handle, n)
-        if engine.has_output:  # most reads return credit below the batching threshold
-            self._schedule_flush()
-
-    def _channel_reading_paused(self, channel: ChannelTransport, paused: bool) -> None:
-        # With credit on the wire, pausing a channel withholds its credit (done by the
-        # channel itself). Without it, the only way to stop the peer is to stop reading
-        # the whole connection (head-of-line blocking, as MultiplexingStream v1 does).
-        if self.engine.has_flow_control:
-            return
-        self._read_pausers += 1 if paused else -1
-        self._block_reading(_SLOW_READER, self._read_pausers > 0)
-
-    # -- bounds: reading paused, the memory budget, send_timeout --------------------------------
-
-    def _block_reading(self, reason: int, on: bool) -> None:
-        """Pause (``on``) or allow reading from the peer for ``reason``; reading resumes once
-        no reason is left."""
-        before = self._read_block
-        after = before | reason if on else before & ~reason
-        if after == before:
-            return
-        self._read_block = after
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            if after and not before:
-                transport.pause_reading()
-            elif before and not after:
-                transport.resume_reading()
-        if on and reason & _STALLED:
-            self._arm_stall()
-
-    def _socket_unsent(self) -> int:
-        """Bytes we must still send that the peer has not taken: the socket transport's
-        buffer and the engine's queued frames."""
-        transport = self._transport
-        return (transport.get_write_buffer_size() if transport is not None else 0) + (
-            1 if self.engine.has_output else 0
-        )
-
-    def _arm_stall(self) -> None:
-        """Start the ``send_timeout`` clock when reading is held back because the peer does
-        not read what we must send it."""
-        timeout = self.config.send_timeout
-        if timeout is None or self._stall_timer is not None or self._transport is None:
-            return
-        if self._write_paused and self._read_block & _STALLED:
-            self._stall_mark = self._socket_unsent()
-            self._stall_timer = self.loop.call_later(timeout, self._check_stall)
-
-    def _check_stall(self) -> None:
-        self._stall_timer = None
-        if self._transport is None or not (self._write_paused and self._read_block & _STALLED):
-            return
-        unsent = self._socket_unsent()
-        if unsent < self._stall_mark:  # the peer read some: a slow reader, not a stalled one
-            self._arm_stall()
-            return
-        timeout = self.config.send_timeout
-        error = SessionClosed(
-            f"{self.engine.format}: the peer sends but is not reading: {unsent} bytes unsent and "
-            f"no progress for {timeout:g} s (send_timeout)"
-        )
-        logger.warning("%s", error)
-        self._abort(error)
-
-    # Bytes an application wrote beyond twice its channel's high-water mark (it ignored
-    # drain()) do not count towards pausing the reads: reading brings the credit that lets
-    # them go, so a session that wrote 64 MiB at once would otherwise deadlock itself.
-
-    def _hold(self, n: int) -> None:
-        """``n`` more bytes held (received and unread, or written and unsent)."""
-        self._held += n
-        if self._held > self._hold_limit:
-            self._block_reading(_BUDGET, True)
-
-    def _release(self, n: int) -> None:
-        """``n`` held bytes were consumed, sent or dropped."""
-        self._held -= n
-        if self._read_block & _BUDGET and self._held <= self._hold_resume:
-            self._block_reading(_BUDGET, False)
-
-    def _sent(self, n: int) -> None:
-        """``n`` unsent bytes left the channels' buffers (sent, or dropped)."""
-        self._unsent -= n
-        if self._held_writers and self._unsent <= self._unsent_resume:
-            held, self._held_writers = self._held_writers, set()
-            for channel in held:
-                channel._update_write_pause()
-
-    def _hold_writer(self, channel: ChannelTransport) -> None:
-        """``channel``'s writer stays paused until the session's unsent bytes fall."""
-        self._held_writers.add(channel)
+    # -- opening channels --------------------------------------------------------------------
 
     async def open_channel(
         self,
@@ -821,148 +517,78 @@ class MuxProtocol(asyncio.Protocol):
         """Offer a channel and wait until the peer accepts it (``metadata``: extra keys of
         omnistreams creation metadata)."""
         await self.ready
-        if self._open_room or len(self._open_timers) >= self.config.max_unacked_opens:
+        core = self.core
+        woken = False
+        if self._open_room:  # others wait for room: behind them
             await self._room_to_open()
-        self._check_open()
-        config = self.config
-        if len(self._channels) >= config.max_channels:
-            raise LimitExceeded(f"{self.engine.format}: max_channels={config.max_channels} channels are open")
-        if len(self._channels) - self._inbound >= config.max_outbound_channels:
-            raise LimitExceeded(
-                f"{self.engine.format}: max_outbound_channels={config.max_outbound_channels} channels are open"
-            )
-        try:
-            if metadata is None:
-                handle = self.engine.open_channel(name)
-            else:
-                handle = cast(Any, self.engine).open_channel(name, extra=metadata)
-        except RuntimeError as exc:  # e.g. every request id in flight (Streamux)
-            raise LimitExceeded(str(exc)) from None
-        channel = self._new_channel(handle, self.engine.channel_name(handle), local=True)
+            woken = True
+        while True:
+            try:
+                handle = core.open_channel(name, metadata)
+                break
+            except NoRoomToOpen:
+                await self._room_to_open(front=woken)  # woken for a slot another took: keep our place
+                woken = True
+        channel = ChannelTransport(self, handle, core.engine.channel_name(handle), local=True)
+        self._channels[handle] = channel
         # Attach before the acceptance: data may follow it in the same read.
-        channel._attach(protocol, reader)
-        if not self.engine.needs_acceptance:  # usable at once (mplex, yamux)
-            channel._accepted = True
-            self._schedule_flush()
-            if self.engine.format == "yamux":
-                self._open_timers[handle] = self.loop.call_later(
-                    config.stream_open_timeout, self._open_timed_out, channel
-                )
+        channel.attach(protocol, reader)
+        accepted = core.channels[handle].accepted
+        if accepted:  # usable at once (mplex, yamux)
+            self.process()
             return channel
         fut: asyncio.Future[None] = self.loop.create_future()
         self._offers[handle] = fut
-        self._schedule_flush()
+        self.process()
         try:
             await fut
         except asyncio.CancelledError:
             self._offers.pop(handle, None)
             channel.abort()  # rescinds the offer
             raise
-        except Exception as exc:
-            channel._finish(exc)
-            raise
         return channel
 
-    async def _room_to_open(self) -> None:
-        """yamux: wait, in order, until fewer than ``max_unacked_opens`` of our opens await
-        the peer's ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its
-        accept backlog). Bounded: the oldest open times out within ``stream_open_timeout``,
-        and a slot freed that way fails the first waiting open (``_open_settled``)."""
-        limit = self.config.max_unacked_opens
+    async def _room_to_open(self, front: bool = False) -> None:
+        """Wait, in order, until fewer than ``max_unacked_opens`` of our opens await the
+        peer's acknowledgement (as hashicorp's ``OpenStream`` does: its peer resets SYNs
+        beyond its accept backlog). Bounded: the oldest open times out within
+        ``stream_open_timeout``, and a slot freed that way fails the first waiting open."""
+        self.core.check_open()
         waiter: asyncio.Future[None] = self.loop.create_future()
-        self._open_room.append(waiter)
+        if front:
+            self._open_room.appendleft(waiter)
+        else:
+            self._open_room.append(waiter)
         try:
-            while True:
-                await waiter
-                if len(self._open_timers) < limit or self._closing or self._peer_goaway:
-                    return  # room, or _check_open() says why not
-                waiter = self.loop.create_future()
-                self._open_room.appendleft(waiter)  # woken for a slot another took: keep our place
+            await waiter
         except BaseException:
-            if not waiter.done() or waiter.cancelled():
-                if waiter in self._open_room:
-                    self._open_room.remove(waiter)
-            elif waiter.exception() is None:
+            if waiter in self._open_room:
+                self._open_room.remove(waiter)
+            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self._wake_openers()  # we were given room and leave: pass it on
             raise
+        self.core.check_open()
 
-    def _wake_openers(self, everyone: bool = False) -> None:
-        """Wake as many waiting opens as there is room for (``everyone``: all of them)."""
-        room = len(self._open_room) if everyone else self.config.max_unacked_opens - len(self._open_timers)
+    def _wake_openers(self, *, error: Exception | None = None, everyone: bool = False) -> None:
+        """Wake as many waiting opens as there is room for (``everyone``: all of them);
+        ``error``: the first one fails with it instead."""
+        if error is not None:
+            while self._open_room:
+                waiter = self._open_room.popleft()
+                if not waiter.done():
+                    waiter.set_exception(error)
+                    break
+        room = len(self._open_room) if everyone or self.core.lost else self.core.room_to_open
         while room > 0 and self._open_room:
             waiter = self._open_room.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 room -= 1
 
-    def _open_settled(self, handle: int, timed_out: bool = False) -> None:
-        """Our open of ``handle`` was acknowledged, or the channel ended: stop its timer and
-        make room for a waiting open. ``timed_out``: the peer never acknowledged it, so the
-        first waiting open fails instead (a peer that does not accept would reset it too)."""
-        timer = self._open_timers.pop(handle, None)
-        if timer is None:
-            return
-        timer.cancel()
-        while timed_out and self._open_room:
-            waiter = self._open_room.popleft()
-            if not waiter.done():
-                config = self.config
-                waiter.set_exception(
-                    LimitExceeded(
-                        f"{self.engine.format}: no room to open a channel: max_unacked_opens="
-                        f"{config.max_unacked_opens} opened channels await the peer's acknowledgement, "
-                        f"and one was not acknowledged within stream_open_timeout={config.stream_open_timeout:g} s"
-                    )
-                )
-                return
-        if self._open_room:
-            self._wake_openers()
-
-    def _open_timed_out(self, channel: ChannelTransport) -> None:
-        """The peer never acknowledged a stream we opened: reset it."""
-        self._open_settled(channel._handle, timed_out=True)
-        if channel._done:
-            return
-        self._reset_channel(channel, None)
-        channel._finish(
-            ChannelReset(
-                self.engine.format,
-                channel._label(),
-                f"not acknowledged within stream_open_timeout={self.config.stream_open_timeout:g} s",
-                by_peer=False,
-            )
-        )
-
-    def _check_open(self) -> None:
-        if self._error is not None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self._error
-        if self._closing:
-            raise SessionClosed(f"{self.engine.format}: the session is closing")
-        if self._peer_goaway is not None or not self.engine.can_open:
-            raise SessionClosed(
-                f"{self.engine.format}: no new channels: {self._peer_goaway or 'we are going away'}"
-            )
-
-    async def accept(self, name: str | None) -> StreamPair:
-        """Wait for an incoming channel (named ``name``, if given)."""
-        for entry in self._incoming:
-            if name is None or entry[0] == name:
-                self._incoming.remove(entry)
-                return entry[1]
-        self._check_open()
-        waiter: asyncio.Future[StreamPair] = self.loop.create_future()
-        self._accept_waiters.append((name, waiter))
-        return await waiter
-
     # -- the send scheduler ------------------------------------------------------------------
 
-    def _want_send(self, channel: ChannelTransport) -> None:
-        if not channel._queued:
-            channel._queued = True
-            self._ready_queue.append(channel)
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
+    def want_flush(self) -> None:
+        """Run the scheduler soon (once per loop iteration however often asked)."""
         if not self._flush_pending and self._transport is not None:
             self._flush_pending = True
             self.loop.call_soon(self._flush)
@@ -970,56 +596,42 @@ class MuxProtocol(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_pending = False
         transport = self._transport
-        engine = self.engine
-        if transport is None or engine.closed and self._error is not None or self._eof_written:
+        if transport is None or self._eof_written:
             return
-        ready = self._ready_queue
-        max_frame = engine.max_frame
-        batch_limit = self.config.batch_bytes
+        core = self.core
+        if core.failed:
+            return
         while not self._write_paused:
-            out = engine.data_to_send()
-            size = 0
-            while ready and size < batch_limit:
-                channel = ready.popleft()
-                channel._queued = False
-                # Round-robin one frame per turn while others wait; a channel alone may
-                # fill the batch (fewer turns, same order on the wire).
-                quantum = max_frame if ready else batch_limit - size
-                size += self._send_turn(channel, quantum)
-                if channel._wants_send():
-                    channel._queued = True
-                    ready.append(channel)
-            out += engine.data_to_send()
+            out = core.data_to_send()
             if not out:
                 break
             # One call per batch; uvloop sends the parts with one writev, no join.
             if self._capture is not None:
                 self._capture.sent(out)
             transport.writelines(out)
+        self.process()
         if not self._write_paused:
-            if self._read_block & _BACKLOG and not engine.has_output:
-                self._block_reading(_BACKLOG, False)
             self._wake()
 
-    def _send_turn(self, channel: ChannelTransport, quantum: int) -> int:
-        """One channel's turn: at most ``quantum`` bytes (within its credit), or its
-        end-of-writing."""
-        if not channel._accepted:
-            return 0
-        engine = self.engine
-        handle = channel._handle
-        if channel._buffered:
-            credit = engine.send_credit(handle)
-            if credit <= 0:
-                return 0
-            n = min(quantum, credit, channel._buffered)
-            engine.send_data(handle, *channel._take(n))
-            return n
-        if channel._eof_requested and not channel._eof_sent and engine.is_live(handle):
-            channel._eof_sent = True
-            closed = engine.end_channel(handle)
-            channel._eof_was_sent(closed)
-        return 0
+    def credit_later(self, channel: ChannelTransport) -> None:
+        """``channel`` has consumed bytes to credit: its ``send_credit`` runs once the
+        loop's current callbacks are done, with every other channel's (one callback per
+        iteration for the session, not one per channel: 256 busy readers made 256)."""
+        credits = self._credits_due
+        credits.append(channel)
+        if len(credits) == 1:
+            self.loop.call_soon(self._send_credits)
+
+    def _send_credits(self) -> None:
+        credits, self._credits_due = self._credits_due, []
+        now = _clock()
+        for channel in credits:
+            channel.send_credit(now)
+        self.process()
+
+    def now(self) -> float:
+        """The core's clock (``time.monotonic``)."""
+        return _clock()
 
     async def flush(self) -> None:
         """Wait until the scheduler has handed everything it can send now to the socket
@@ -1041,46 +653,41 @@ class MuxProtocol(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
+    # -- pings -------------------------------------------------------------------------------
+
+    async def ping(self) -> float:
+        """Ping the peer; return the round-trip time in seconds."""
+        core = self.core
+        if self._transport is None or core.failed:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from core.error
+        opaque = core.ping(_clock())
+        fut: asyncio.Future[float] = self.loop.create_future()
+        self._pings[opaque] = fut
+        self.process()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
+        except TimeoutError:
+            self._pings.pop(opaque, None)
+            core.forget_ping(opaque)
+            raise SessionClosed(
+                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
+            ) from None
+
     # -- ending ------------------------------------------------------------------------------
-
-    def _abort(self, exc: BaseException) -> None:
-        """End the session because of ``exc`` (a protocol violation, a dead peer)."""
-        if self._error is None:
-            self._error = exc
-            self._failed = True
-        self._closing = True
-        self._shut()
-
-    def _shut(self) -> None:
-        """Close the connection now: send what the engine queued last (a go-away naming
-        the error) if the socket takes it at once, and abort (dropping unsent bytes) if it
-        does not: a peer that does not read must not keep the socket, its buffers and the
-        channels' memory alive."""
-        transport = self._transport
-        if transport is None:
-            return
-        out = self.engine.data_to_send()
-        if out and not transport.is_closing():
-            if self._capture is not None:
-                self._capture.sent(out)
-            transport.writelines(out)
-        if transport.get_write_buffer_size():
-            transport.abort()
-        else:
-            transport.close()
 
     async def aclose(self) -> None:
         """Flush what channels have queued (bounded by ``close_timeout``), then close."""
         if self.closed.done():
             return
-        self._closing = True
+        core = self.core
+        core.closing = True
         deadline = self.loop.time() + self.config.close_timeout
         if self._transport is not None:
             try:
                 await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
             except TimeoutError:
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
-            self.engine.close()
+            core.close()
             self._flush()
             if not self.engine.can_open and self._channels:
                 # The format said goodbye (yamux GoAway): let open channels finish.
@@ -1111,16 +718,15 @@ class MuxProtocol(asyncio.Protocol):
             await self._activity()
 
     async def _drain_channels(self) -> None:
-        def unsent() -> bool:
-            return any(
-                (ch._buffered or (ch._eof_requested and not ch._eof_sent)) and not ch._done
-                for ch in self._channels.values()
-            )
-
-        while self._transport is not None and unsent():
+        while self._transport is not None and self.core.unsent():
             # Progress needs a scheduler run, or credit from the peer (received data).
             await self._activity()
         await self.flush()
+
+    def abort(self) -> None:
+        """Close the connection at once."""
+        if self._transport is not None:
+            self._transport.abort()
 
 
 class Session:
@@ -1161,8 +767,8 @@ class Session:
     @property
     def exception(self) -> BaseException | None:
         """Why the session ended abnormally (e.g. a :class:`ProtocolError`), if it did."""
-        mux = self._mux
-        return mux._error if mux._failed else None
+        core = self._mux.core
+        return core.error if core.failed else None
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """Extra information of the underlying transport (``peername`` ...)."""
@@ -1177,7 +783,7 @@ class Session:
     @property
     def rtt(self) -> float | None:
         """The latest measured round-trip time (formats with pings), or None."""
-        return getattr(self._mux.engine, "rtt", None)
+        return self._mux.engine.rtt
 
     async def wait_ready(self) -> None:
         """Wait for the handshake (formats that have one)."""
@@ -1190,7 +796,7 @@ class Session:
         """
         mux = self._mux
         # One-way formats (omnistreams): the opener's reader refuses reads, clearly.
-        reader_class = SendOnlyStreamReader if getattr(mux.engine, "one_way", False) else ChannelStreamReader
+        reader_class = SendOnlyStreamReader if mux.engine.one_way else ChannelStreamReader
         reader = reader_class(limit=mux.config.stream_limit, loop=mux.loop)
         protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
@@ -1205,7 +811,7 @@ class Session:
         streams. A peer that does not answer pairs (not polymux) never completes it: bound
         the wait with ``asyncio.timeout``. Other formats: the same as :meth:`open_channel`."""
         mux = self._mux
-        if not getattr(mux.engine, "one_way", False):
+        if not mux.engine.one_way:
             return await self.open_channel(name)
         token = os.urandom(8).hex()
         answer: asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]] = mux.loop.create_future()
@@ -1221,7 +827,7 @@ class Session:
             if out is not None:
                 out.abort()
             raise
-        out._partner = inbound
+        out.partner = inbound
         return in_reader, asyncio.StreamWriter(out, protocol, in_reader, mux.loop)
 
     def send_control(self, data: bytes) -> None:
@@ -1293,8 +899,7 @@ class Session:
 
     def abort(self) -> None:
         """Close the connection at once."""
-        if self._mux._transport is not None:
-            self._mux._transport.abort()
+        self._mux.abort()
 
     async def wait_closed(self) -> None:
         """Wait until the connection is gone."""

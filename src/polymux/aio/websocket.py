@@ -88,7 +88,7 @@ class _WebSocketTransport(asyncio.Transport):
         super().__init__()
         self._ws = ws
         self._mux = mux
-        self._message_mode = bool(getattr(mux.engine, "message_mode", False))
+        self._message_mode = mux.engine.message_mode
         self._queue: deque[bytes] = deque()
         self._queued = 0
         self._high = 2 * mux.config.batch_bytes
@@ -117,7 +117,7 @@ class _WebSocketTransport(asyncio.Transport):
                 message = await self._ws.recv()
                 if isinstance(message, str):
                     error = ProtocolError(self._mux.engine.format, "received a text WebSocket message")
-                    self._mux._abort(error)
+                    self._mux.fail(error)
                     break
                 self._mux.data_received(message)
         except ConnectionClosedOK:

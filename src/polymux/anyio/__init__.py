@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,21 +28,17 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from polymux._types import CaptureSink
+from polymux._types import BytesLike, CaptureSink
 from polymux.config import SessionConfig
-from polymux.engine import Engine, check_protocol, events as ev, make_engine
-from polymux.exceptions import (
-    ChannelClosedError,
-    ChannelRejected,
-    ChannelReset,
-    LimitExceeded,
-    PolymuxError,
-    ProtocolError,
-    SessionClosed,
-)
+from polymux.engine import Engine, check_protocol, make_engine
+from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
+from polymux.session import NoRoomToOpen, SessionCore, events as ce
 
 
 logger = logging.getLogger("polymux")
+
+_clock = time.monotonic
+"""The core's clock (the asyncio driver's too)."""
 
 __all__ = ["AnyioChannel", "AnyioSession", "ChannelAttribute", "ChannelStream", "session"]
 
@@ -131,32 +128,57 @@ class AnyioChannel(ByteStream):
 
     def __init__(self, session: AnyioSession, handle: int, name: str) -> None:
         self._session = session
+        self._core = session.core
         self._handle = handle
         self._name = name
-        self._label = session.engine.describe(handle)
+        self._label = session.core.engine.describe(handle)
         self._buffer = bytearray()
         self._readable = anyio.Event()
         self._writable = anyio.Event()
-        self._space = anyio.Event()  # set when the buffer is back under receive_window
+        self._writable.set()
         self._eof = False
         self._sent_eof = False
         self._closed = False
+        self._done = False
         self._error: BaseException | None = None
         self._write_error: BaseException | None = None  # writing failed, reading may go on
+        # send() returns once the scheduler took all of it (within the peer's credit), as
+        # an anyio stream's send does: no write buffer beyond what is in flight.
+        self._core.set_write_limits(handle, 0, 0)
 
-    # called by the session
-    def _wake_reader(self) -> None:
+    # Called by the session (the core's events).
+
+    def _data(self, data: BytesLike, more: tuple[BytesLike, ...]) -> None:
+        self._buffer += data
+        for part in more:
+            self._buffer += part
         self._readable.set()
 
-    def _wake_writer(self) -> None:
+    def _ended(self) -> None:
+        self._eof = True
+        self._readable.set()
+
+    def _finished(self, error: BaseException | None, write_error: BaseException | None, drop: bool) -> None:
+        self._done = True
+        if write_error is not None and self._write_error is None:
+            self._write_error = write_error
+        if error is not None and self._error is None:
+            self._error = error
+        if error is None:
+            self._eof = True  # a clean end: what arrived stays readable, then EndOfStream
+        if drop:
+            self._buffer.clear()
+        self._readable.set()
         self._writable.set()
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self._wake_reader()
-        self._wake_writer()
-        self._space.set()
+    def _resume_writing(self) -> None:
+        self._writable.set()
+
+    def _writing_stopped(self, error: BaseException) -> None:
+        self._write_error = error
+        self._writable.set()
+
+    # ByteStream.
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes; credit goes back to the peer as they are taken."""
@@ -170,97 +192,111 @@ class AnyioChannel(ByteStream):
             if self._error is not None:
                 raise _broken(self._error)
             self._readable = anyio.Event()
+            self._core.reader_waiting(self._handle)  # credit what is held (nothing): the peer may send
+            self._session._process()
             await self._readable.wait()
         data = bytes(self._buffer[:max_bytes])
         del self._buffer[:max_bytes]
-        if len(self._buffer) <= self._session.config.receive_window:
-            self._space.set()
-        await self._session._consumed(self, len(data))
+        self._core.consumed(self._handle, len(data), _clock())
+        self._session._process()
         return data
 
     async def send(self, item: bytes) -> None:
-        """Send ``item``, waiting for the peer's credit as needed."""
-        session = self._session
-        engine = session.engine
-        view = memoryview(item)
-        while view:
-            if self._closed or self._sent_eof:
-                raise anyio.ClosedResourceError
-            if self._error is not None:
-                raise _broken(self._error)
-            if self._write_error is not None:
-                raise _broken(self._write_error)
-            credit = engine.send_credit(self._handle)
-            if credit <= 0:
-                if not engine.is_live(self._handle):
-                    raise _broken(
-                        ChannelClosedError(f"{engine.format}: {self._label} was closed by the peer")
-                    )
+        """Send ``item``; waits while the channel's (or the session's) unsent bytes are
+        above their high-water marks, i.e. while the peer cannot take more."""
+        if self._closed or self._sent_eof:
+            raise anyio.ClosedResourceError
+        if self._error is not None:
+            raise _broken(self._error)
+        if self._write_error is not None:
+            raise _broken(self._write_error)
+        if self._done:
+            raise _broken(ChannelClosedError(f"{self._core.format}: {self._label} was closed by the peer"))
+        if item:
+            if self._core.write(self._handle, bytes(item)):
                 self._writable = anyio.Event()
-                await self._writable.wait()
-                continue
-            n = min(credit, len(view), session.config.batch_bytes)
-            engine.send_data(self._handle, bytes(view[:n]))
-            view = view[n:]
-            await session._flush()
+            self._session._process()
+        await self._writable.wait()
+        if self._error is not None:
+            raise _broken(self._error)
+        if self._write_error is not None:
+            raise _broken(self._write_error)
 
     async def send_eof(self) -> None:
         """Half-close: we will send no more."""
-        if self._sent_eof or self._error is not None or not self._session.engine.is_live(self._handle):
-            self._sent_eof = True
+        if self._sent_eof:
             return
         self._sent_eof = True
-        if self._session.engine.end_channel(self._handle):
-            self._session._forget(self)
-        await self._session._flush()
+        if not self._done:
+            self._core.write_eof(self._handle)
+            self._session._process()
 
     async def aclose(self) -> None:
         """Finish writing and stop reading (what the peer still sends is dropped)."""
         if self._closed:
             return
-        with anyio.CancelScope(shield=True):
-            await self.send_eof()
-            self._closed = True
-            unread = len(self._buffer)
-            self._buffer.clear()
-            if unread:
-                await self._session._consumed(self, unread)  # the peer gets its window back
-        self._wake_reader()
-        self._space.set()
+        self._closed = True
+        self._sent_eof = True
+        self._buffer.clear()
+        if not self._done:
+            self._core.close_channel(self._handle)
+            self._session._process()
+        self._readable.set()
+
+    async def reset(self, message: str | None = None) -> None:
+        """Terminate the channel at once (``message`` to the peer where the format carries
+        one); unsent data is dropped."""
+        self._closed = True
+        if not self._done:
+            self._core.reset(self._handle, message)
+            self._session._process()
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
         return {
             ChannelAttribute.name: lambda: self._name,
             ChannelAttribute.channel: lambda: self._label,
-            ChannelAttribute.protocol: lambda: self._session.engine.format,
+            ChannelAttribute.protocol: lambda: self._core.format,
         }
 
 
 class AnyioSession:
-    """A polymux session run by anyio over any ``ByteStream``; use :func:`session`."""
+    """A polymux session run by anyio over any ``ByteStream``; use :func:`session`.
 
-    def __init__(self, stream: ByteStream, engine: Engine, config: SessionConfig) -> None:
+    The driver of :class:`~polymux.session.SessionCore` for anyio: a task reads the
+    stream into the core (pausing while the core says so), a task writes the core's
+    output, a task follows the core's deadlines; channels are :class:`AnyioChannel`."""
+
+    def __init__(
+        self, stream: ByteStream, engine: Engine, config: SessionConfig, *, is_client: bool = True
+    ) -> None:
         self.engine = engine
         self.config = config
+        self.is_client = is_client
+        self.core = SessionCore(engine, config, _clock())
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
         self._offers: dict[int, anyio.Event] = {}
-        self._unacked: set[int] = set()  # yamux: our opens the peer has not acknowledged
-        self._open_room = anyio.Semaphore(config.max_unacked_opens)  # FIFO waiters
-        send, receive = anyio.create_memory_object_stream[AnyioChannel](config.accept_backlog)
+        self._open_errors: dict[int, Exception] = {}
+        self._room = anyio.Event()  # set when waiting opens may try again
+        self._room_error: Exception | None = None
+        send, receive = anyio.create_memory_object_stream[AnyioChannel](config.accept_backlog + 1)
         self._incoming_send: MemoryObjectSendStream[AnyioChannel] = send
         self._incoming: MemoryObjectReceiveStream[AnyioChannel] = receive
-        self._send_lock = anyio.Lock()
         self._ready = anyio.Event()
-        self._output = anyio.Event()  # the engine has bytes for the writer task
+        self._send_lock = anyio.Lock()
+        self._output = anyio.Event()  # the core may have bytes for the writer task
+        self._can_read = anyio.Event()
+        self._can_read.set()
+        self._deadline = anyio.Event()  # the core's next deadline may have moved
         self._done = anyio.Event()
-        self._peer_goaway: str | None = None
+        self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
         self._capture: CaptureSink | None = None
+        self._processing = False
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
-    def _start_capture(self, is_client: bool) -> None:
+    def _start_capture(self) -> None:
         """``SessionConfig.capture``: the same hook as the asyncio session's."""
         from anyio.abc import SocketAttribute
 
@@ -273,7 +309,7 @@ class AnyioSession:
 
         info = {
             "format": self.engine.format,
-            "role": "client" if is_client else "server",
+            "role": "client" if self.is_client else "server",
             "local": addr(SocketAttribute.local_address),
             "peer": addr(SocketAttribute.remote_address),
         }
@@ -290,44 +326,63 @@ class AnyioSession:
         """The wire format."""
         return self.engine.format
 
+    @property
+    def rtt(self) -> float | None:
+        """The latest measured round-trip time (formats with pings), or None."""
+        return self.engine.rtt
+
     async def open_channel(self, name: str = "") -> AnyioChannel:
-        """Open a channel; returns once the peer accepted it (where the format asks)."""
+        """Open a channel; returns once the peer accepted it (where the format asks).
+
+        Raises :class:`~polymux.exceptions.LimitExceeded` when no more may be opened now
+        (``max_unacked_opens`` opens unacknowledged for ``stream_open_timeout``, or the
+        channel limits), :class:`~polymux.exceptions.SessionClosed` when the session ends."""
         await self._wait_ready()
-        self._check_open()
-        if len(self._channels) >= self.config.max_channels:
-            raise LimitExceeded(
-                f"{self.engine.format}: max_channels={self.config.max_channels} channels are open"
-            )
-        acked = self.engine.format == "yamux"  # the peer ACKs each open (mplex never does)
-        if acked:
-            await self._room_to_open()
+        core = self.core
         try:
-            handle = self.engine.open_channel(name)
-        except RuntimeError as exc:
-            if acked:
-                self._open_room.release()
-            raise LimitExceeded(str(exc)) from None
-        if acked:
-            self._unacked.add(handle)
-        channel = AnyioChannel(self, handle, self.engine.channel_name(handle))
+            with anyio.fail_after(self.config.stream_open_timeout):
+                while True:
+                    try:
+                        handle = core.open_channel(name)
+                        break
+                    except NoRoomToOpen:
+                        self._room = anyio.Event()
+                        await self._room.wait()
+                        if self._room_error is not None:
+                            error, self._room_error = self._room_error, None
+                            raise error from None
+        except TimeoutError:
+            config = self.config
+            raise LimitExceeded(
+                f"{self.engine.format}: no room to open a channel: max_unacked_opens={config.max_unacked_opens} "
+                f"opened channels await the peer's acknowledgement, none within "
+                f"stream_open_timeout={config.stream_open_timeout:g} s"
+            ) from None
+        channel = AnyioChannel(self, handle, core.engine.channel_name(handle))
         self._channels[handle] = channel
-        accepted = anyio.Event()
-        if self.engine.needs_acceptance:
-            self._offers[handle] = accepted
-        await self._flush()
-        if self.engine.needs_acceptance:
+        if core.channels[handle].accepted:
+            self._process()
+            return channel
+        accepted = self._offers[handle] = anyio.Event()
+        self._process()
+        try:
             await accepted.wait()
+        except BaseException:
             self._offers.pop(handle, None)
-            if channel._error is not None:
-                raise channel._error
+            await channel.reset()
+            raise
+        if handle in self._open_errors:
+            raise self._open_errors.pop(handle)
         return channel
 
     async def accept_channel(self) -> AnyioChannel:
         """The next channel the peer opened."""
         try:
-            return await self._incoming.receive()
+            channel = await self._incoming.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
+        self.core.taken(channel._handle)
+        return channel
 
     def __aiter__(self) -> AsyncIterator[AnyioChannel]:
         return self._iterate()
@@ -339,17 +394,129 @@ class AnyioSession:
             except SessionClosed:
                 return
 
+    async def ping(self) -> float:
+        """Ping the peer; the round-trip time in seconds (formats with pings)."""
+        self._check()
+        opaque = self.core.ping(_clock())
+        answered = anyio.Event()
+        rtt: list[float] = []
+        self._pings[opaque] = (answered, rtt)
+        self._process()
+        try:
+            with anyio.fail_after(self.config.keepalive_timeout):
+                await answered.wait()
+        except TimeoutError:
+            self.core.forget_ping(opaque)
+            raise SessionClosed(
+                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
+            ) from None
+        finally:
+            self._pings.pop(opaque, None)
+        if not rtt:
+            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
+        return rtt[0]
+
     async def aclose(self) -> None:
         """Say goodbye where the format can, and close the stream."""
         with anyio.CancelScope(shield=True):
             if not self._done.is_set():
-                self.engine.close()
+                self.core.close()
+                self._process()
                 try:
-                    await self._flush()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, SessionClosed):
+                    await self._send_output()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     pass
                 await self._stream.aclose()
                 self._end(None)
+
+    # -- the core's events -------------------------------------------------------------------
+
+    def _process(self) -> None:
+        if self._processing:
+            return
+        self._processing = True
+        try:
+            core = self.core
+            while events := core.events():
+                for event in events:
+                    self._on_event(event)
+        finally:
+            self._processing = False
+        if self.core.reading:
+            self._can_read.set()
+        elif self._can_read.is_set():
+            self._can_read = anyio.Event()
+        if self.core.has_output:
+            self._output.set()
+        self._deadline.set()
+
+    def _on_event(self, event: ce.CoreEvent) -> None:
+        channels = self._channels
+        if isinstance(event, ce.Data):
+            channel = channels.get(event.handle)
+            if channel is None or channel._closed:
+                self.core.consumed(event.handle, event.n)
+            else:
+                channel._data(event.data, event.more)
+        elif isinstance(event, ce.Finished):
+            channel = channels.get(event.handle) if event.lingering else channels.pop(event.handle, None)
+            if channel is not None and not event.lingering:
+                channel._finished(event.error, event.write_error, event.drop_unread)
+            if event.error is not None:
+                self._open_done(event.handle, event.error)
+            else:
+                self._open_done(event.handle, SessionClosed(f"{self.core.format}: the channel ended"))
+        elif isinstance(event, ce.Ended):
+            channel = channels.get(event.handle)
+            if channel is not None:
+                channel._ended()
+        elif isinstance(event, ce.WriteResumed):
+            channel = channels.get(event.handle)
+            if channel is not None:
+                channel._resume_writing()
+        elif isinstance(event, ce.Incoming):
+            channel = AnyioChannel(self, event.handle, event.name)
+            channels[event.handle] = channel
+            try:
+                self._incoming_send.send_nowait(channel)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self.core.reset(event.handle)  # the core bounds the backlog; this is a closed session
+        elif isinstance(event, ce.Accepted):
+            accepted = self._offers.pop(event.handle, None)
+            if accepted is not None:
+                accepted.set()
+        elif isinstance(event, ce.OpenFailed):
+            self._open_done(event.handle, event.error)
+        elif isinstance(event, ce.WritingStopped):
+            channel = channels.get(event.handle)
+            if channel is not None:
+                channel._writing_stopped(event.error)
+        elif isinstance(event, ce.PingAnswered):
+            entry = self._pings.get(event.opaque)
+            if entry is not None:
+                entry[1].append(event.rtt)
+                entry[0].set()
+        elif isinstance(event, ce.RoomToOpen):
+            if event.error is not None:
+                self._room_error = event.error
+            self._room.set()
+        elif isinstance(event, ce.Ready):
+            self._ready.set()
+        elif isinstance(event, ce.Failed):
+            self._fail(event.error)
+
+    def _open_done(self, handle: int, error: Exception) -> None:
+        accepted = self._offers.pop(handle, None)
+        if accepted is not None:
+            self._open_errors[handle] = error
+            accepted.set()
+
+    def _fail(self, error: BaseException) -> None:
+        """The core ended the session: its last words go out, then the stream closes."""
+        if self.error is None and self.core.failed:
+            self.error = error
+        self._output.set()
+        self._deadline.set()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -357,213 +524,104 @@ class AnyioSession:
         if self._done.is_set():
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
 
-    def _check_open(self) -> None:
-        self._check()
-        if self._peer_goaway is not None or not self.engine.can_open:
-            raise SessionClosed(
-                f"{self.engine.format}: no new channels: {self._peer_goaway or 'we are going away'}"
-            )
-
     async def _wait_ready(self) -> None:
-        if not self.engine.ready:
+        if not self._ready.is_set():
             with anyio.fail_after(self.config.handshake_timeout):
                 await self._ready.wait()
         self._check()
+        self.core.check_open()
 
-    async def _flush(self) -> None:
-        async with self._send_lock:
-            while out := self.engine.data_to_send():
-                self._check()
-                data = b"".join(out)
-                if self._capture is not None:
-                    self._capture.sent((data,))
-                try:
-                    await self._stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                    self._end(exc)
-                    raise _broken(exc) from exc
+    async def _send_output(self) -> None:
+        async with self._send_lock:  # the writer task, and aclose()
+            await self._send_batches()
 
-    async def _consumed(self, channel: AnyioChannel, n: int) -> None:
-        if self._done.is_set():
-            return
-        self.engine.ack_consumed(channel._handle, n)
-        if self.engine.has_output:
-            self._kick()  # the writer task sends it: a reader never waits on the socket
-
-    def _kick(self) -> None:
-        self._output.set()
+    async def _send_batches(self) -> None:
+        core = self.core
+        while out := core.data_to_send():
+            data = b"".join(out)
+            if self._capture is not None:
+                self._capture.sent((data,))
+            core.socket_paused(True, len(data))  # the stream has it until send() returns
+            try:
+                await self._stream.send(data)
+            finally:
+                core.socket_paused(False, 0)
+            self._process()
 
     async def _write(self) -> None:
-        """Send what the engine queued from the reading side (credit, replies): reading
-        never waits for writing, so two peers that both write a lot cannot deadlock."""
+        """Send what the core queued: reading never waits for writing, so two peers that
+        both write a lot cannot deadlock."""
         try:
             while not self._done.is_set():
                 await self._output.wait()
                 self._output = anyio.Event()
-                await self._flush()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, SessionClosed):
-            return
+                await self._send_output()
+                if self.core.failed:
+                    await self._stream.aclose()
+                    self._end(self.core.error)
+                    return
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._end(exc)
 
-    def _forget(self, channel: AnyioChannel) -> None:
-        self._channels.pop(channel._handle, None)
-        self._settled(channel._handle)
-
-    async def _room_to_open(self) -> None:
-        """yamux: wait until fewer than ``max_unacked_opens`` of our opens await the peer's
-        ACK (as hashicorp's ``OpenStream`` does: its peer resets SYNs beyond its accept
-        backlog), at most ``stream_open_timeout``."""
-        config = self.config
-        try:
-            with anyio.fail_after(config.stream_open_timeout):
-                await self._open_room.acquire()
-        except TimeoutError:
-            raise LimitExceeded(
-                f"{self.engine.format}: no room to open a channel: max_unacked_opens={config.max_unacked_opens} "
-                f"opened channels await the peer's acknowledgement, none within "
-                f"stream_open_timeout={config.stream_open_timeout:g} s"
-            ) from None
-        try:
-            self._check_open()  # the session may have ended, or the peer gone away, meanwhile
-        except BaseException:
-            self._open_room.release()
-            raise
-
-    def _settled(self, handle: int) -> None:
-        """Our open of ``handle`` was acknowledged, or the channel ended: make room."""
-        if handle in self._unacked:
-            self._unacked.discard(handle)
-            self._open_room.release()
+    async def _timers(self) -> None:
+        """Call the core at its deadlines (keepalive, idle, handshake, stream-open ...)."""
+        core = self.core
+        while not self._done.is_set():
+            self._deadline = anyio.Event()
+            when = core.next_deadline()
+            if when is None:
+                await self._deadline.wait()
+                continue
+            with anyio.move_on_after(max(0.0, when - _clock())):
+                await self._deadline.wait()
+            if _clock() >= when:
+                core.handle_timer(_clock())
+                self._process()
 
     async def _run(self) -> None:
-        """Read the stream, feed the engine, dispatch its events."""
-        engine = self.engine
-        if engine.ready:
-            self._ready.set()
+        """Read the stream into the core."""
+        core = self.core
+        core.connection_made(_clock())
+        self._process()
         try:
-            await self._flush()  # a handshake, where the format has one
-            while True:
+            while not self._done.is_set():
+                await self._can_read.wait()
                 try:
                     data = await self._stream.receive()
                 except anyio.EndOfStream:
-                    engine.receive_eof()
+                    core.receive_eof()
                     self._end(None)
                     return
                 if self._capture is not None:
                     self._capture.received(data)
-                for event in engine.receive_data(data):
-                    await self._dispatch(event)
-                if engine.has_output:
-                    self._kick()
-        except ProtocolError as exc:
-            self._end(exc)
-            with anyio.CancelScope(shield=True):
-                await self._stream.aclose()
+                core.receive_data(data, _clock())
+                self._process()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
-
-    async def _dispatch(self, event: ev.Event) -> None:
-        channels = self._channels
-        if isinstance(event, ev.DataReceived):
-            channel = channels.get(event.channel)
-            if channel is None or channel._closed:
-                self.engine.ack_consumed(event.channel, event.flow_controlled_length)
-                return
-            channel._buffer += event.data
-            for part in event.more:
-                channel._buffer += part
-            channel._wake_reader()
-            if not self.engine.has_flow_control and len(channel._buffer) > self.config.receive_window:
-                # No credit to withhold: stop reading the connection until this channel's
-                # reader takes it below the window (the "block" slow-reader policy).
-                channel._space = anyio.Event()
-                await channel._space.wait()
-        elif isinstance(event, ev.CreditAvailable):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                channel._wake_writer()
-        elif isinstance(event, ev.ChannelOpened):
-            if self._done.is_set() or len(channels) >= self.config.max_channels:
-                self.engine.reject_channel(event.channel)
-                return
-            channel = AnyioChannel(self, event.channel, event.name)
-            try:
-                self._incoming_send.send_nowait(channel)
-            except anyio.WouldBlock:
-                self.engine.reject_channel(event.channel)  # the accept backlog is full
-                return
-            self.engine.accept_channel(event.channel)
-            channels[event.channel] = channel
-        elif isinstance(event, ev.ChannelAccepted):
-            self._settled(event.channel)
-            accepted = self._offers.get(event.channel)
-            if accepted is not None:
-                accepted.set()
-        elif isinstance(event, ev.ChannelRejected):
-            channel = channels.pop(event.channel, None)
-            if channel is not None:
-                channel._fail(ChannelRejected(self.engine.format, channel._label, channel._name))
-            accepted = self._offers.get(event.channel)
-            if accepted is not None:
-                accepted.set()
-        elif isinstance(event, ev.ChannelEnded):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                channel._eof = True
-                channel._wake_reader()
-        elif isinstance(event, ev.ChannelClosed):
-            channel = channels.pop(event.channel, None)
-            self._settled(event.channel)
-            if channel is not None:
-                channel._eof = True
-                if not event.local_done:
-                    channel._write_error = ChannelClosedError(
-                        f"{self.engine.format}: {channel._label} was closed by the peer"
-                    )
-                channel._wake_reader()
-                channel._wake_writer()
-        elif isinstance(event, ev.ReadingStopped):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                channel._write_error = ChannelClosedError(
-                    f"{self.engine.format}: the peer stopped reading {channel._label}"
-                )
-                channel._wake_writer()
-        elif isinstance(event, ev.SessionClosed):
-            # The peer's go-away: no new channels; with an error code it ends the session.
-            self._peer_goaway = f"the peer is going away ({event.message})"
-            if event.code:
-                self._end(SessionClosed(f"{self.engine.format}: the peer went away with {event.message}"))
-                with anyio.CancelScope(shield=True):
-                    await self._stream.aclose()
-        elif isinstance(event, ev.ChannelReset):
-            channel = channels.pop(event.channel, None)
-            self._settled(event.channel)
-            if channel is not None:
-                channel._fail(ChannelReset(self.engine.format, channel._label, event.message))
-            accepted = self._offers.get(event.channel)
-            if accepted is not None:
-                accepted.set()
-        elif isinstance(event, ev.SessionReady):
-            self._ready.set()
 
     def _end(self, exc: BaseException | None) -> None:
         if self._done.is_set():
             return
-        if exc is not None:
-            self.error = exc
-        error = SessionClosed(f"{self.engine.format}: the session ended" + (f": {exc}" if exc else ""))
-        error.__cause__ = exc
-        for channel in list(self._channels.values()):
-            channel._fail(error)  # a reader keeps what arrived (and an EOF that came first)
-        self._channels.clear()
-        for handle in list(self._unacked):
-            self._settled(handle)  # waiting opens go on, and fail in _check_open()
-        for accepted in self._offers.values():
-            accepted.set()
+        core = self.core
+        if self.error is None:
+            self.error = core.error if core.failed else exc  # what broke it, as it was raised
+        core.connection_lost(exc)
+        self._process()
+        error = SessionClosed(
+            f"{self.engine.format}: the session ended" + (f": {self.error}" if self.error else "")
+        )
+        error.__cause__ = self.error
+        for handle in list(self._offers):
+            self._open_done(handle, error)
+        for entry in self._pings.values():
+            entry[0].set()
+        self._room.set()
         self._incoming_send.close()
         self._ready.set()
         self._done.set()
         self._output.set()
+        self._can_read.set()
+        self._deadline.set()
 
     def _release(self) -> None:
         """Close what the session owns that has no peer to wait for."""
@@ -594,13 +652,14 @@ async def session(
     """
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
-    s = AnyioSession(stream, make_engine(protocol, cfg, is_client=is_client), cfg)
+    s = AnyioSession(stream, make_engine(protocol, cfg, is_client=is_client), cfg, is_client=is_client)
     if cfg.capture is not None:
-        s._start_capture(is_client)
+        s._start_capture()
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(s._run)
             tg.start_soon(s._write)
+            tg.start_soon(s._timers)
             try:
                 yield s
             finally:

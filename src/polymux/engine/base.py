@@ -16,12 +16,13 @@ send and keeps the rest.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from polymux._types import BytesLike
 from polymux.engine.channel import ChannelRecord
 from polymux.engine.events import DataReceived, Event
-from polymux.exceptions import ProtocolError
+from polymux.exceptions import PolymuxError, ProtocolError
 
 
 __all__ = ["DataRuns", "Engine", "run_size"]
@@ -83,10 +84,26 @@ class Engine(ABC):
     needs_acceptance: bool = True
     """True when an opened channel waits for the peer's acceptance before it is usable;
     False when it is open at once (mplex)."""
+    open_acknowledged: bool = False
+    """True when the peer acknowledges each open that is usable at once (yamux's ACK): the
+    session bounds the opens awaiting it (``max_unacked_opens``, ``stream_open_timeout``)."""
+    has_ping: bool = False
+    """True when the format has pings (:meth:`ping`, a ``PingAcked`` event)."""
     ping_answered: bool = True
     """True when the peer answers :meth:`ping` (yamux, Streamux). False when nothing answers
     the format's keepalive frame (smux's NOP): the next whole frame from the peer
     acknowledges the ping instead, so an idle peer's own keepalive is the answer."""
+    one_way: bool = False
+    """True when channels carry data from their opener to their acceptor only
+    (omnistreams): the opener's reader and the acceptor's writer refuse."""
+    has_controls: bool = False
+    """True when the format carries session-level control messages (:meth:`send_control`,
+    a ``ControlReceived`` event)."""
+    message_mode: bool = False
+    """True when the engine takes whole messages from a transport that keeps message
+    boundaries (omnistreams over WebSocket) instead of a byte stream."""
+    rtt: float | None = None
+    """The latest round-trip time measured with a ping (formats with pings)."""
 
     def __init__(self) -> None:
         self._out: list[BytesLike] = []
@@ -162,8 +179,9 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def open_channel(self, name: str = "") -> int:
-        """Offer (open) a channel; return its handle."""
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
+        """Offer (open) a channel; return its handle. ``extra``: more creation metadata,
+        where the format carries some (omnistreams); other formats ignore it."""
 
     @abstractmethod
     def accept_channel(self, channel: int) -> None:
@@ -274,6 +292,18 @@ class Engine(ABC):
     def can_open(self) -> bool:
         """Whether new channels may be opened (False after a go-away either way)."""
         return True
+
+    def metadata(self, channel: int) -> bytes | None:
+        """The channel's creation metadata as sent on the wire (``None``: the format has none)."""
+        return None
+
+    def metadata_object(self, channel: int) -> dict[str, Any] | None:
+        """The channel's creation metadata as a JSON object (``None``: none, or opaque)."""
+        return None
+
+    def send_control(self, data: BytesLike) -> None:
+        """Queue a control message (formats with :attr:`has_controls`)."""
+        raise PolymuxError(f"{self.format} has no control messages")
 
     def ping(self) -> int:
         """Send a ping and return its opaque value; a ``PingAcked`` event follows. Formats

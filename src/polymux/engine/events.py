@@ -18,6 +18,7 @@ __all__ = [
     "ChannelOpened",
     "ChannelRejected",
     "ChannelReset",
+    "ControlReceived",
     "CreditAvailable",
     "DataReceived",
     "Event",
@@ -126,6 +127,13 @@ class PingAcked(Event):
     """A ping we sent was answered."""
 
     opaque: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReceived(Event):
+    """The peer sent a control message: session-level bytes (omnistreams)."""
+
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)

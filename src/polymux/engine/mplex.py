@@ -21,6 +21,9 @@ Rules (libp2p/specs ``mplex/README.md``, maxogden/multiplex ``index.js``, PROTOC
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
@@ -166,7 +169,7 @@ class MplexEngine(Engine):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def open_channel(self, name: str = "") -> int:
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Open a stream (NewStream); it is usable at once."""
         stream_id = self._next_id
         self._next_id += 1

@@ -20,6 +20,8 @@ Rules this module follows (from the reference implementation, see PROTOCOL-NOTES
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -332,7 +334,7 @@ class MStreamEngine(Engine):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def open_channel(self, name: str = "") -> int:
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Offer a channel named ``name``; returns its handle. Requires :attr:`ready`."""
         if not self.ready:
             raise RuntimeError(f"{self.format}: cannot open a channel before the handshake completed")

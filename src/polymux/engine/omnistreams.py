@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from polymux._types import BytesLike
@@ -52,6 +51,7 @@ from polymux.engine.events import (
     ChannelEnded,
     ChannelOpened,
     ChannelReset,
+    ControlReceived,
     CreditAvailable,
     Event,
 )
@@ -62,13 +62,6 @@ from polymux.wire.omnistreams import Kind
 
 
 __all__ = ["ControlReceived", "OmnistreamsEngine", "decode_metadata", "encode_metadata"]
-
-
-@dataclass(frozen=True, slots=True)
-class ControlReceived(Event):
-    """The peer sent a control message (session-level bytes)."""
-
-    data: bytes
 
 
 def encode_metadata(name: str, chunk_size: int, extra: Mapping[str, Any] | None = None) -> bytes:
@@ -104,6 +97,7 @@ class OmnistreamsEngine(Engine):
     needs_acceptance = False
     one_way = True
     """Streams carry data from their opener to their acceptor only."""
+    has_controls = True
 
     def __init__(
         self, config: SessionConfig | None = None, *, numbering: str | None = None, message_mode: bool = False
@@ -464,7 +458,7 @@ class OmnistreamsEngine(Engine):
             )
         self._emit(Kind.CONTROL, None, bytes(data))
 
-    def metadata(self, channel: int) -> bytes:
+    def metadata(self, channel: int) -> bytes | None:
         """The creation metadata of a live stream, as sent on the wire."""
         raw = self._record(channel).extra["metadata"]
         assert isinstance(raw, bytes)

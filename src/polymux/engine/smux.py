@@ -44,8 +44,9 @@ Rules, read from xtaci/smux 1.5.16 (Debian's) and v1.5.57 (``session.go``, ``str
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -93,6 +94,7 @@ class SmuxEngine(Engine):
     """
 
     needs_acceptance = False
+    has_ping = True
     ping_answered = False
 
     def __init__(
@@ -245,9 +247,10 @@ class SmuxEngine(Engine):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def open_channel(self, name: str = "") -> int:
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Open a stream (SYN; in version 2 also our window, if it is not the 256 KiB the
-        peer assumes); usable at once. ``name`` stays local: smux has no names."""
+        peer assumes); usable at once. ``name`` stays local and ``extra`` is ignored: smux
+        carries neither names nor metadata."""
         stream_id = self._next_id
         if stream_id > _MASK:
             raise RuntimeError(f"{self.format}: stream ids are exhausted (ids are 32-bit)")

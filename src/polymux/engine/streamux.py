@@ -27,6 +27,8 @@ Rules:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -56,6 +58,7 @@ class StreamuxEngine(Engine):
     format = "streamux"
     has_flow_control = False
     needs_acceptance = False
+    has_ping = True
 
     def __init__(self, config: SessionConfig | None = None, *, random_id: int | None = None) -> None:
         super().__init__()
@@ -219,7 +222,7 @@ class StreamuxEngine(Engine):
                 return cid
         raise RuntimeError(f"{self.format}: all {count} request ids are in flight ({n.id_bits}-bit ids)")
 
-    def open_channel(self, name: str = "") -> int:
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Start a request (its chunks go out as the application writes)."""
         record = self._new_record(self._allocate_id(), local=True, name=name)
         record.accepted = True

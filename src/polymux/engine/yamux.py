@@ -28,6 +28,9 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
@@ -64,6 +67,8 @@ class YamuxEngine(Engine):
     format = "yamux"
     has_flow_control = True
     needs_acceptance = False
+    open_acknowledged = True
+    has_ping = True
 
     def __init__(self, config: SessionConfig | None = None, *, is_client: bool = True) -> None:
         super().__init__()
@@ -232,7 +237,7 @@ class YamuxEngine(Engine):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def open_channel(self, name: str = "") -> int:
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Open a stream (WindowUpdate with SYN); usable at once."""
         if not self.can_open:
             why = (

@@ -40,6 +40,7 @@
 import crypto from 'node:crypto'
 import { WebSocket, WebSocketServer } from 'ws'
 import { Multiplexer, WebSocketTransport, encodeObject, decodeObject } from 'omnistreams'
+import { readAll, writeWithinCredit } from './omnistreams_npm.mjs'
 
 const t0 = Date.now()
 const opts = { role: null, port: null, url: null, mode: null, channels: 16, size: 1 << 20, timeoutMs: 90000 }
@@ -107,56 +108,6 @@ function pattern(i, size) {
 }
 
 const sha256 = buf => crypto.createHash('sha256').update(buf).digest('hex')
-
-/** Read a producer to its end, keeping `window` messages requested; resolves the bytes. */
-function readAll(producer, { window = 16, onChunk = null } = {}) {
-	return new Promise((resolve, reject) => {
-		const parts = []
-		producer.onData(data => {
-			const chunk = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
-			parts.push(Buffer.from(chunk))
-			if (onChunk && onChunk(parts) === false) return
-			producer.request(1)
-		})
-		producer.onEnd(() => resolve(Buffer.concat(parts)))
-		producer.onTermination(() => reject(new Error('terminated')))
-		producer.request(window)
-	})
-}
-
-/** Write `buf` to a consumer in `chunk` pieces, never beyond the demand it was given.
- * Resolves 'ended' after end(), or 'terminated' if the peer cancelled. */
-function writeWithinCredit(consumer, buf, { chunk = 65536, end = true, endless = false } = {}) {
-	return new Promise(resolve => {
-		let demand = 0
-		let offset = 0
-		let done = false
-		consumer.onTermination(() => {
-			if (!done) {
-				done = true
-				resolve('terminated')
-			}
-		})
-		const pump = () => {
-			while (!done && demand > 0 && (endless || offset < buf.length)) {
-				const start = endless ? 0 : offset
-				const piece = buf.subarray(start, Math.min(start + chunk, buf.length))
-				consumer.write(new Uint8Array(piece.buffer, piece.byteOffset, piece.byteLength))
-				offset += piece.length
-				demand--
-			}
-			if (!done && !endless && offset >= buf.length) {
-				done = true
-				if (end) consumer.end()
-				resolve('ended')
-			}
-		}
-		consumer.onRequest(n => {
-			demand += n
-			pump()
-		})
-	})
-}
 
 function meta(obj) {
 	return encodeObject(obj)

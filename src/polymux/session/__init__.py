@@ -1,0 +1,9 @@
+"""The sans-I/O session core (:class:`SessionCore`) under the asyncio and anyio drivers."""
+
+from __future__ import annotations
+
+from polymux.session import events
+from polymux.session.core import CoreChannel, NoRoomToOpen, SessionCore
+
+
+__all__ = ["CoreChannel", "NoRoomToOpen", "SessionCore", "events"]

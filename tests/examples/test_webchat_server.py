@@ -1,0 +1,150 @@
+"""The server side of the web page, without a browser: ``polymux.web.static_files`` (the
+page's files and ``omnistreams.js`` over HTTP on the WebSocket's port) and
+``polymux.apps.webchat.WebChat`` (downloads, listing, refusals) driven by a polymux client
+over omnistreams pairs, as the page's channels are."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+import polymux
+from polymux.apps.chat import ChatServer
+from polymux.apps.records import read_record, write_record
+from polymux.apps.webchat import WebChat
+from polymux.web import CLIENT_URL, client_path, client_source, static_files
+
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[polymux.Server, WebChat, list[str]]]:
+    lines: list[str] = []
+    web = WebChat(ChatServer(log=lines.append), tmp_path / "files", log=lines.append)
+    index = tmp_path / "index.html"
+    index.write_text("<!doctype html><title>t</title>")
+    files = {
+        "/": index,
+        "/gone.css": tmp_path / "missing.css",
+        "/raw.bin": b"\x00\x01",
+        "/stats.json": lambda: b'{"n": 1}',
+    }
+    server = await polymux.serve_websocket(web.handle, "127.0.0.1", 0, process_request=static_files(files))
+    try:
+        yield server, web, lines
+    finally:
+        await asyncio.wait_for(server.aclose(), 10)
+
+
+def test_client_ships_in_the_package() -> None:
+    assert client_path().name == "omnistreams.js"
+    source = client_source()
+    assert source == client_path().read_bytes()
+    assert b"export async function connect" in source and b"export class Session" in source
+
+
+def test_static_files_checks_its_paths() -> None:
+    with pytest.raises(ValueError, match="URL paths start with '/', got 'index.html'"):
+        static_files({"index.html": b""})
+
+
+async def test_static_files_and_websocket_share_a_port(
+    served: tuple[polymux.Server, WebChat, list[str]],
+) -> None:
+    server, _web, _lines = served
+    base = f"http://127.0.0.1:{server.port}"
+    status, kind, body = await asyncio.to_thread(get, base + "/?nick=a")  # the query is ignored
+    assert (status, kind, body) == (200, "text/html; charset=utf-8", b"<!doctype html><title>t</title>")
+    status, kind, body = await asyncio.to_thread(get, base + CLIENT_URL)
+    assert (status, kind, body) == (200, "text/javascript; charset=utf-8", client_source())
+    assert await asyncio.to_thread(get, base + "/raw.bin") == (200, "application/octet-stream", b"\x00\x01")
+    assert await asyncio.to_thread(get, base + "/stats.json") == (200, "application/json", b'{"n": 1}')
+    status, _kind, body = await asyncio.to_thread(get, base + "/../etc/passwd")
+    assert status == 404
+    status, _kind, body = await asyncio.to_thread(get, base + "/gone.css")
+    assert status == 500 and b"missing.css" in body
+    # A page from another site may not use the server's WebSocket; the page's own site may.
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    with pytest.raises(InvalidStatus, match="HTTP 403"):
+        await polymux.connect_websocket(url, origin="http://elsewhere.example")
+    session = await polymux.connect_websocket(url, origin=f"http://127.0.0.1:{server.port}")
+    await session.aclose()
+    # The same port still speaks omnistreams over WebSocket.
+    async with await polymux.connect_websocket(f"ws://127.0.0.1:{server.port}/ws") as session:
+        reader, writer = await session.open_pair("files/list")
+        write_record(writer, {"type": "list"})
+        writer.write_eof()
+        assert await read_record(reader) == {"type": "files", "files": []}
+        writer.close()
+
+
+async def ask(session: polymux.Session, name: str, record: dict[str, Any]) -> tuple[Any, bytes, Any]:
+    """Send ``record`` on a new pair ``name``; return the first record, the bytes after it
+    (for a ``file``) and the record after those."""
+    reader, writer = await session.open_pair(name)
+    write_record(writer, record)
+    writer.write_eof()
+    first = await read_record(reader)
+    data = b""
+    last = None
+    if first is not None and first["type"] == "file":
+        data = await reader.readexactly(first["size"])
+        last = await read_record(reader)
+    writer.close()
+    return first, data, last
+
+
+async def test_downloads_and_refusals(served: tuple[polymux.Server, WebChat, list[str]]) -> None:
+    server, web, lines = served
+    payload = os.urandom(700_000)
+    (web.root / "sub").mkdir()
+    (web.root / "sub" / "a.bin").write_bytes(payload)
+    (web.root / "half.bin.polymux-part").write_bytes(b"x")  # a partial upload: not listed
+    (web.root / "link").symlink_to(web.root / "sub" / "a.bin")
+    async with await polymux.connect_websocket(f"ws://127.0.0.1:{server.port}/ws") as session:
+        listing, _, _ = await ask(session, "files/list", {"type": "list"})
+        assert listing == {"type": "files", "files": [{"name": "sub/a.bin", "size": 700_000}]}
+
+        head, data, end = await ask(session, "files/get", {"type": "get", "name": "sub/a.bin"})
+        assert head == {"type": "file", "name": "sub/a.bin", "size": 700_000}
+        assert data == payload
+        assert end == {"type": "end", "sha256": hashlib.sha256(payload).hexdigest()}
+        assert web.served == 1 and web.downloads == {}
+
+        for name, why in [
+            ("../outside", "'..' component"),
+            ("/etc/passwd", "absolute path"),
+            ("nope.bin", "No such file or directory"),
+            ("link", "Too many levels of symbolic links"),
+        ]:
+            answer, _, _ = await ask(session, "files/get", {"type": "get", "name": name})
+            assert answer is not None and answer["type"] == "error", answer
+            assert why in answer["message"], answer
+
+        answer, _, _ = await ask(session, "files/get", {"type": "list"})
+        assert answer == {"type": "error", "message": "expected a get record, got 'list'"}
+
+        reader, writer = await session.open_pair("nonsense")
+        with pytest.raises(polymux.ChannelReset):
+            await reader.read()
+        writer.close()
+    assert any("a channel named 'nonsense'" in line for line in lines), lines
+    assert any(line.startswith("sent: sub/a.bin (683.6 KiB") for line in lines), lines
