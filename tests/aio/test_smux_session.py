@@ -255,9 +255,10 @@ class NopCounter:
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("protocol", VERSIONS)
 async def test_idle_polymux_sessions_keep_each_other_alive(serve: Serve, protocol: str) -> None:
-    """A keepalive_timeout shorter than the peer's NOP interval: nothing answers a NOP, but
-    the peer's own NOPs come within interval + timeout, so neither side gives up."""
-    options = {"keepalive_interval": 0.1, "keepalive_timeout": 0.05}
+    """Nothing answers a NOP: each side's ping waits for the other's next NOP, which comes
+    about one keepalive interval later, after keepalive_timeout (as long as an interval
+    here) has passed, but within interval + timeout, so neither side gives up."""
+    options = {"keepalive_interval": 0.1, "keepalive_timeout": 0.1}
     server = await serve(echo, protocol=protocol, **options)
     counter = NopCounter(1 if protocol == "smux" else 2)
     async with await wait(
