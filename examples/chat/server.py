@@ -38,6 +38,7 @@ from polymux.apps.common import (
     EXIT_STATUS,
     Address,
     add_session_options,
+    conversation_options,
     listen,
     listening_on,
     parse_address,
@@ -94,7 +95,8 @@ async def main(args: argparse.Namespace) -> int:
     servers: list[polymux.Server] = []
     try:
         for address in addresses:
-            server = await listen(address, chat.handle, args.protocol, **session_options(args))
+            options = {**session_options(args), **conversation_options(args.protocol)}
+            server = await listen(address, chat.handle, args.protocol, **options)
             servers.append(server)
             print(f"chat: {args.protocol} on {listening_on(server, address)}", flush=True)
         if args.web:

@@ -25,6 +25,7 @@ from polymux.apps.common import (
     EXIT_STATUS,
     add_address_options,
     add_session_options,
+    conversation_options,
     listen,
     listening_on,
     parse_address,
@@ -40,7 +41,8 @@ async def main(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, args.unix)
     receiver = Receiver(Path(args.dest), max_size=args.max_size)
     try:
-        server = await listen(address, receiver.handle, args.protocol, **session_options(args))
+        options = {**session_options(args), **conversation_options(args.protocol)}
+        server = await listen(address, receiver.handle, args.protocol, **options)
     except OSError as exc:
         print(f"receive: cannot listen on {address}: {exc}", file=sys.stderr)
         return EXIT_FAILED

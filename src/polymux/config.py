@@ -111,6 +111,28 @@ class SessionConfig:
     """Streamux quick init: ``"request"`` (send at once with our recommended values),
     ``"allow"`` (accept a peer's request), or ``"off"``."""
 
+    streamux_response_hold: int = 64 * 1024 * 1024
+    """Streamux: bytes one response may hold unsent while its request is still arriving.
+    A response goes on the wire only after its request ended (go-streamux rejects anything
+    else), and Streamux has no credit to slow the requester down, so a handler that answers
+    as it reads (an echo) must keep reading: its ``drain()`` does not block past
+    ``write_buffer_high`` until the request ends, up to this many bytes (``polymux.anyio``
+    sessions, whose ``send`` waits instead, read the request on past ``receive_window``);
+    beyond them the channel is reset (the handler gets
+    :class:`~polymux.exceptions.ChannelOverflow`, the requester an empty response)."""
+
+    streamux_hold_budget: int = 256 * 1024 * 1024
+    """Streamux: what all the responses of one session may hold that way, together (counted
+    once each passes ``write_buffer_high``, or ``receive_window`` on ``polymux.anyio``); the
+    response that passes it is reset."""
+
+    streamux_early_responses: bool = False
+    """Streamux, a polymux extension: answer a request while it is still arriving, so that
+    one channel can carry a conversation (polymux's chat and file-transfer servers set it).
+    The spec's flow is request, then response, and go-streamux ends the session on a
+    response to a request it is still sending: set it only where every peer is polymux (a
+    polymux requester accepts early responses either way)."""
+
     # -- omnistreams ------------------------------------------------------------------------
 
     omnistreams_numbering: str = "spec"
@@ -216,6 +238,10 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.streamux_early_responses not in (False, True):  # bad values: ValueError, as everywhere
+            raise ValueError(
+                f"SessionConfig.streamux_early_responses must be a bool, got {self.streamux_early_responses!r}"
+            )
         if self.streamux_quick_init not in ("off", "request", "allow"):
             raise ValueError(
                 f"SessionConfig.streamux_quick_init must be 'off', 'request' or 'allow', got {self.streamux_quick_init!r}"
@@ -236,7 +262,7 @@ class SessionConfig:
             raise ValueError(
                 f"SessionConfig.inbound_channel_rate must be positive, got {self.inbound_channel_rate!r}"
             )
-        for name in ("max_receive_window", "window_budget"):
+        for name in ("max_receive_window", "window_budget", "streamux_response_hold", "streamux_hold_budget"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")

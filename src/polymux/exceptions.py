@@ -94,7 +94,9 @@ class ChannelReset(ChannelError, ConnectionResetError):
 
 class ChannelOverflow(ChannelError, ConnectionResetError):
     """We reset the channel because its reader fell behind a peer that the wire format
-    cannot slow down (the ``slow_reader="reset"`` policy)."""
+    cannot slow down (the ``slow_reader="reset"`` policy), or because it held more unsent
+    bytes than the format lets it wait with (a Streamux response held until its request
+    ends: ``streamux_response_hold``, ``streamux_hold_budget``)."""
 
 
 class ChannelClosedError(ChannelError, BrokenPipeError):

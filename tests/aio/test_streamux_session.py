@@ -13,8 +13,9 @@ policy.
 * An empty request is a ping on the wire (Streamux's empty message): the peer answers with
   an empty response at once and no handler runs.
 * Streamux has no flow control and no way for a responder to fail a request: with
-  ``slow_reader="reset"`` the responder's engine ends the response (an empty termination),
-  so the requester reads a plain EOF.
+  ``slow_reader="reset"`` the responder's engine ends the response (an empty termination,
+  once the request has ended: no response chunk goes out before that), so the requester
+  reads a plain EOF.
 * Protocol violations end the session with a :class:`polymux.ProtocolError` naming
   "streamux" (Streamux has no goodbye message: the connection is just closed); the server
   goes on serving other sessions.
@@ -874,14 +875,16 @@ async def test_slow_reader_reset_ends_the_response(serve: Serve) -> None:
         assert "slow_reader='reset'" in str(overflow)
         assert "receive_window=262144" in str(overflow)
 
-        # The same through open_channel: EOF, not an error, while the request is still
-        # being written (the rest is dropped by the server).
+        # The same through open_channel: the server drops the rest of the request, and its
+        # (empty) response comes once the request has ended: a response never goes out
+        # before its request's end.
         reader, writer = await wait(session.open_channel())
         writer.write(b"h" + pattern(2 * MiB, seed=2))
-        assert await wait(reader.read()) == b""
-        writer.write_eof()
         await until(lambda: len(errors) == 2)
         assert isinstance(errors[1], ChannelOverflow)
+        assert not reader.at_eof()
+        writer.write_eof()
+        assert await wait(reader.read()) == b""
         transport = writer.transport
         assert isinstance(transport, ChannelTransport)
         await until(lambda: transport.is_closing())

@@ -27,13 +27,14 @@ from polymux.engine.events import (
     ChannelEnded,
     ChannelOpened,
     ChannelReset,
+    CreditAvailable,
     DataReceived,
     Event,
     PingAcked,
     SessionReady,
 )
 from polymux.engine.streamux import StreamuxEngine
-from polymux.exceptions import ProtocolError
+from polymux.exceptions import LimitExceeded, ProtocolError
 from polymux.wire import streamux as wire
 from polymux.wire.streamux import Chunk, InitMessage, Negotiated, NegotiationError
 
@@ -130,6 +131,13 @@ def opened(events: list[Event]) -> int:
     """The handle of the one ChannelOpened in ``events``."""
     [handle] = [e.channel for e in events if isinstance(e, ChannelOpened)]
     return handle
+
+
+def served_request(a: StreamuxEngine, b: StreamuxEngine, body: bytes = b"r") -> tuple[int, int]:
+    """``a`` starts a request (not ended) with ``body``; returns (``a``'s handle, ``b``'s)."""
+    ha = a.open_channel()
+    a.send_data(ha, body)
+    return ha, opened(pump(a, b))
 
 
 def assert_protocol_error(e: StreamuxEngine, data: bytes, *needles: str) -> ProtocolError:
@@ -496,20 +504,153 @@ def test_request_and_response_then_the_id_is_free_again() -> None:
     assert (a.channel_name(h0), a.channel_name(h1)) == ("0", "1")
 
 
-def test_response_before_the_request_ends_closes_on_the_requests_end() -> None:
+# -- a response waits for the end of its request ----------------------------------------
+
+
+def test_a_response_waits_for_the_end_of_its_request() -> None:
+    """No response chunk for request N goes out before N's terminating chunk came in (the
+    spec's request-then-response flow; go-streamux fails the session otherwise): no send
+    credit until then, and a CreditAvailable once the request ends."""
     a, b = pair()
+    n = a.negotiated
+    assert n is not None
     ha = a.open_channel()
     a.send_data(ha, b"stream")
     hb = opened(pump(a, b))
-    b.send_data(hb, b"early")
-    assert b.end_channel(hb) is False
-    assert pump(b, a) == [DataReceived(ha, b"early", 5), ChannelEnded(ha)]
+    assert b.send_credit(hb) == 0
+    with pytest.raises(RuntimeError, match=r"streamux: cannot send the response on channel 5 .* before its"):
+        b.send_data(hb, b"early")
+    assert not b.has_output
+    a.send_data(ha, b"more")
+    assert pump(a, b) == [DataReceived(hb, b"more", 4)]
+    assert b.send_credit(hb) == 0
+    assert a.end_channel(ha) is False
+    # the request's end: the response may go (the I/O layer asked for credit: it is told)
+    assert pump(a, b) == [ChannelEnded(hb), CreditAvailable(hb)]
+    assert b.send_credit(hb) == flow.UNLIMITED
+    b.send_data(hb, b"answer")
+    assert b.end_channel(hb) is True
+    assert out(b) == hdr(n, 5, 6, resp=True) + b"answer" + hdr(n, 5, 0, resp=True, term=True)
+    # a terminated single-chunk request may be answered at once
+    hc = a.open_channel()
+    a.send_data(hc, b"q")
+    a.end_channel(hc)
+    hd = opened(events := pump(a, b))
+    assert events == [ChannelOpened(hd, "6"), DataReceived(hd, b"q", 1), ChannelEnded(hd)]
+    assert b.send_credit(hd) == flow.UNLIMITED
+
+
+def test_credit_available_only_when_it_was_asked_for() -> None:
+    a, b = pair()
+    ha, hb = served_request(a, b)
+    a.end_channel(ha)
+    assert pump(a, b) == [ChannelEnded(hb)]  # nobody waited for credit: no event
+
+
+def test_an_early_end_of_the_response_goes_out_when_the_request_ends() -> None:
+    a, b = pair()
+    n = a.negotiated
+    assert n is not None
+    ha, hb = served_request(a, b, b"stream")
+    assert b.end_channel(hb) is False  # held: not on the wire yet
+    assert not b.has_output
+    assert b.is_live(hb) and b.send_credit(hb) == 0
+    assert b.end_channel(hb) is False  # once only
+    a.send_data(ha, b"more")
+    assert pump(a, b) == [DataReceived(hb, b"more", 4)]
+    assert not b.has_output
+    a.end_channel(ha)
+    assert pump(a, b) == [ChannelEnded(hb), ChannelClosed(hb)]
+    assert out(b) == hdr(n, 5, 0, resp=True, term=True)
+    assert b.channel_count == 0
+    assert feed(a, hdr(n, 5, 0, resp=True, term=True)) == [ChannelEnded(ha), ChannelClosed(ha)]
+
+
+def test_a_response_ended_early_by_another_implementation_is_accepted() -> None:
+    """polymux never answers early, but as the requester it takes such a response (the
+    request may go on after it)."""
+    a, b = pair()
+    n = a.negotiated
+    assert n is not None
+    ha, hb = served_request(a, b, b"stream")
+    assert feed(a, hdr(n, 5, 5, resp=True) + b"early" + hdr(n, 5, 0, resp=True, term=True)) == [
+        DataReceived(ha, b"early", 5),
+        ChannelEnded(ha),
+    ]
     assert a.is_live(ha)
-    a.send_data(ha, b"more")  # the request may go on after its response ended
+    a.send_data(ha, b"more")
     assert a.end_channel(ha) is True
     assert a.channel_count == 0
+    assert pump(a, b) == [DataReceived(hb, b"more", 4), ChannelEnded(hb)]
+
+
+def test_may_hold_bounds_held_responses() -> None:
+    """``may_hold``: the writer of a held response goes on (True), up to
+    streamux_response_hold per response and streamux_hold_budget per session."""
+    a, b = pair(streamux_response_hold=100, streamux_hold_budget=150)
+    handles = []
+    for _ in range(3):
+        h = a.open_channel()
+        a.send_data(h, b"r")
+        handles.append(h)
+    events = pump(a, b)
+    s1, s2, s3 = (e.channel for e in events if isinstance(e, ChannelOpened))
+    assert a.may_hold(handles[0], 10**9) is False  # a request of ours: never held
+    assert b.may_hold(s1, 80) is True
+    assert b.may_hold(s1, 90) is True
+    assert b.held_bytes == 90
+    assert b.may_hold(s2, 50) is True
+    assert b.held_bytes == 140
+    with pytest.raises(LimitExceeded) as info:
+        b.may_hold(s3, 20)  # 160 in all
+    assert str(info.value) == (
+        "streamux: the response to request 7 cannot be sent before the request ends, and it holds "
+        "more while the request is still arriving: 160 bytes held by the session's responses "
+        "exceed streamux_hold_budget=150"
+    )
+    assert b.held_bytes == 140
+    with pytest.raises(LimitExceeded, match=r"101 bytes exceed streamux_response_hold=100$"):
+        b.may_hold(s1, 101)
+    assert b.held_bytes == 50  # s1's no longer count (the I/O layer resets it)
+    b.reset_channel(s1)
+    # the request's end releases what it held: the response is sendable now
+    a.end_channel(handles[1])
+    pump(a, b)
+    assert b.held_bytes == 0
+    assert b.may_hold(s2, 10**9) is False
+    b.reset_channel(s3)
+    assert b.held_bytes == 0
+
+
+def test_early_responses_a_polymux_extension() -> None:
+    """``streamux_early_responses=True``: the responder answers while the request is still
+    arriving (a conversation on one channel; go-streamux rejects it)."""
+    a = engine(5)
+    b = engine(5, streamux_early_responses=True)
+    handshake(a, b)
+    n = a.negotiated
+    assert n is not None
+    ha, hb = served_request(a, b, b"offer")
+    assert b.send_credit(hb) == flow.UNLIMITED
+    assert b.may_hold(hb, 10**9) is False
+    b.send_data(hb, b"accept")
+    assert b.end_channel(hb) is False
+    assert out(b) == hdr(n, 5, 6, resp=True) + b"accept" + hdr(n, 5, 0, resp=True, term=True)
+    a.send_data(ha, b"more")
+    assert a.end_channel(ha) is False
     assert pump(a, b) == [DataReceived(hb, b"more", 4), ChannelEnded(hb), ChannelClosed(hb)]
-    assert b.channel_count == 0
+    with pytest.raises(ValueError, match="streamux_early_responses must be a bool, got 'yes'"):
+        SessionConfig(streamux_early_responses="yes")  # type: ignore[arg-type]
+
+
+def test_hold_is_released_when_the_request_is_cancelled() -> None:
+    a, b = pair()
+    ha, hb = served_request(a, b)
+    assert b.may_hold(hb, 1000) is True
+    a.reset_channel(ha)
+    assert pump(a, b) == [ChannelReset(hb, "request cancelled by the peer")]
+    assert b.held_bytes == 0
+    assert b.may_hold(hb, 1000) is False  # forgotten
 
 
 def test_large_data_is_split_at_the_negotiated_length() -> None:
@@ -596,6 +737,8 @@ def test_ids_are_scoped_per_sender() -> None:
     hb = b.open_channel()
     a.send_data(ha, b"from a")
     b.send_data(hb, b"from b")
+    a.end_channel(ha)
+    b.end_channel(hb)
     to_b, to_a = out(a), out(b)
     n = a.negotiated
     assert n is not None
@@ -604,27 +747,17 @@ def test_ids_are_scoped_per_sender() -> None:
     events_a = feed(a, to_a)
     served_b, served_a = opened(events_b), opened(events_a)
     assert served_b != hb and served_a != ha
-    assert events_b[1:] == [DataReceived(served_b, b"from a", 6)]
-    assert events_a[1:] == [DataReceived(served_a, b"from b", 6)]
-    # b answers a's request 9 while its own request 9 is open, and vice versa
+    assert events_b[1:] == [DataReceived(served_b, b"from a", 6), ChannelEnded(served_b)]
+    assert events_a[1:] == [DataReceived(served_a, b"from b", 6), ChannelEnded(served_a)]
+    # b answers a's request 9 while its own request 9 waits for its answer, and vice versa
     b.send_data(served_b, b"b answers")
     a.send_data(served_a, b"a answers")
     assert pump(b, a) == [DataReceived(ha, b"b answers", 9)]
     assert pump(a, b) == [DataReceived(hb, b"a answers", 9)]
-    for x, y in ((a, ha), (a, served_a), (b, hb), (b, served_b)):
-        x.end_channel(y)
-    assert pump(a, b) == [
-        ChannelEnded(served_b),
-        ChannelClosed(served_b),
-        ChannelEnded(hb),
-        ChannelClosed(hb),
-    ]
-    assert pump(b, a) == [
-        ChannelEnded(served_a),
-        ChannelClosed(served_a),
-        ChannelEnded(ha),
-        ChannelClosed(ha),
-    ]
+    assert a.end_channel(served_a) is True
+    assert b.end_channel(served_b) is True
+    assert pump(a, b) == [ChannelEnded(hb), ChannelClosed(hb)]
+    assert pump(b, a) == [ChannelEnded(ha), ChannelClosed(ha)]
     assert a.channel_count == b.channel_count == 0
 
 
@@ -676,6 +809,7 @@ def test_cancel_locks_the_id_until_the_ack_and_drops_late_responses() -> None:
     assert n == Negotiated(1, 16)
     h0 = a.open_channel()
     a.send_data(h0, b"req")
+    a.end_channel(h0)
     served = opened(pump(a, b))
     # b answers before it learns about the cancel
     b.send_data(served, b"partial")
@@ -696,7 +830,6 @@ def test_cancel_locks_the_id_until_the_ack_and_drops_late_responses() -> None:
     # the late response is discarded silently
     assert a.receive_data(late) == []
     b.send_data(served, b"rest")
-    b.end_channel(served)
     assert a.receive_data(out(b)) == []
     assert not a.closed
     # b learns about the cancel, resets its side and acks
@@ -715,6 +848,7 @@ def test_cancel_locks_the_id_until_the_ack_and_drops_late_responses() -> None:
     assert a.channel_name(h2) == "0"
     # and a response to the new request 0 is delivered again
     a.send_data(h2, b"again")
+    a.end_channel(h2)
     served2 = opened(pump(a, b))
     b.send_data(served2, b"fresh")
     assert pump(b, a) == [DataReceived(h2, b"fresh", 5)]
@@ -763,11 +897,13 @@ def test_cancel_after_the_response_completed_is_acked() -> None:
     ha = a.open_channel()
     a.send_data(ha, b"q")
     served = opened(pump(a, b))
-    b.end_channel(served)
-    assert pump(b, a) == [ChannelEnded(ha)]
+    b.end_channel(served)  # held until the request ends
+    assert not b.has_output
+    # another implementation may end its response early
+    assert feed(a, hdr(DEFAULT, 5, 0, resp=True, term=True)) == [ChannelEnded(ha)]
     a.reset_channel(ha)  # the request was not terminated: cancel it
     assert pump(a, b) == [ChannelReset(served, "request cancelled by the peer")]
-    assert pump(b, a) == []
+    assert out(b) == hdr(DEFAULT, 5, 0, resp=True)  # the ack only: the held end is dropped
     assert a.channel_count == b.channel_count == 0
     # once closed, a reset does nothing
     hc = a.open_channel()
@@ -787,10 +923,10 @@ def test_responder_reset_ends_the_response_and_drops_the_request() -> None:
     ha = a.open_channel()
     a.send_data(ha, b"first")
     served = opened(pump(a, b))
-    b.send_data(served, b"some")
     b.reset_channel(served, "cannot say why")
-    # Streamux cannot carry a reset from the responder: the response just ends
-    assert out(b) == hdr(n, 5, 4, resp=True) + b"some" + hdr(n, 5, 0, resp=True, term=True)
+    # Streamux cannot carry a reset from the responder: the response just ends, once the
+    # request has ended
+    assert not b.has_output
     b.reset_channel(served)  # again: nothing
     assert not b.has_output
     # The engine still knows request 5 (so that its further chunks are not a new
@@ -798,15 +934,50 @@ def test_responder_reset_ends_the_response_and_drops_the_request() -> None:
     assert b.is_live(served)
     a.send_data(ha, b"more request")
     assert pump(a, b) == []  # dropped silently
-    assert feed(a, hdr(n, 5, 4, resp=True) + b"some" + hdr(n, 5, 0, resp=True, term=True)) == [
-        DataReceived(ha, b"some", 4),
-        ChannelEnded(ha),  # the requester sees a plain end (EOF)
-    ]
-    assert a.end_channel(ha) is True
+    assert not b.has_output
+    assert a.end_channel(ha) is False
     assert pump(a, b) == []
     assert not b.is_live(served)
+    assert out(b) == hdr(n, 5, 0, resp=True, term=True)
+    assert feed(a, hdr(n, 5, 0, resp=True, term=True)) == [
+        ChannelEnded(ha),  # the requester sees a plain end (an empty response)
+        ChannelClosed(ha),
+    ]
     assert a.channel_count == b.channel_count == 0
     assert not a.closed and not b.closed
+
+
+def test_responder_reset_after_the_request_ended_ends_the_response_at_once() -> None:
+    a, b = pair()
+    n = a.negotiated
+    assert n is not None
+    ha = a.open_channel()
+    a.send_data(ha, b"first")
+    a.end_channel(ha)
+    served = opened(pump(a, b))
+    b.send_data(served, b"some")
+    b.reset_channel(served, "cannot say why")
+    assert out(b) == hdr(n, 5, 4, resp=True) + b"some" + hdr(n, 5, 0, resp=True, term=True)
+    assert not b.is_live(served)
+    assert feed(a, hdr(n, 5, 4, resp=True) + b"some" + hdr(n, 5, 0, resp=True, term=True)) == [
+        DataReceived(ha, b"some", 4),
+        ChannelEnded(ha),
+        ChannelClosed(ha),
+    ]
+
+
+def test_reject_before_the_request_ended_answers_when_it_ends() -> None:
+    a, b = pair()
+    n = a.negotiated
+    assert n is not None
+    ha, served = served_request(a, b, b"unwanted")
+    b.reject_channel(served)
+    assert not b.has_output
+    a.send_data(ha, b" and more")
+    a.end_channel(ha)
+    assert pump(a, b) == []
+    assert out(b) == hdr(n, 5, 0, resp=True, term=True)
+    assert b.channel_count == 0
 
 
 def test_reject_is_an_empty_response() -> None:
@@ -832,7 +1003,7 @@ def test_cancel_of_a_dropped_request_is_acked_without_an_event() -> None:
     a.reset_channel(ha)
     assert pump(a, b) == []
     assert b.channel_count == 0
-    assert pump(b, a) == []  # the empty termination (locked: dropped), then the ack
+    assert out(b) == hdr(DEFAULT, 5, 0, resp=True)  # the ack (the held end is dropped)
     assert a.channel_count == 0
     assert a.channel_name(a.open_channel()) == "6"
 
@@ -959,9 +1130,8 @@ def test_response_continued_after_its_termination() -> None:
     a, b = pair()
     ha = a.open_channel()
     a.send_data(ha, b"q")  # the request stays open: the record lives on
-    served = opened(pump(a, b))
-    b.end_channel(served)
-    assert pump(b, a) == [ChannelEnded(ha)]
+    opened(pump(a, b))
+    assert feed(a, hdr(DEFAULT, 5, 0, resp=True, term=True)) == [ChannelEnded(ha)]  # answered early
     assert_protocol_error(a, hdr(DEFAULT, 5, 1, resp=True) + b"!", "response to request 5 continued after")
 
 
@@ -1140,6 +1310,39 @@ class Request:
         return not (self.ended or self.cancelled or self.closed)
 
 
+class WireOrder:
+    """Checks one side's output against its input, chunk by chunk: no response chunk for
+    the peer's request N (data or termination; a cancel ack is not one) goes out while N
+    is still open, i.e. before its terminating chunk came in."""
+
+    def __init__(self, n: Negotiated) -> None:
+        self.inbound = wire.Decoder(n)
+        self.outbound = wire.Decoder(n)
+        self.skip = {"in": wire.INIT_SIZE, "out": wire.INIT_SIZE}  # the initialize messages
+        self.open: set[int] = set()  # the peer's requests still arriving
+        self.responses = 0
+
+    def _strip(self, way: str, data: bytes) -> bytes:
+        k = min(self.skip[way], len(data))
+        self.skip[way] -= k
+        return data[k:]
+
+    def received(self, data: bytes) -> None:
+        for c in self.inbound.feed(self._strip("in", data)):
+            if c.response:
+                continue
+            if c.termination or not c.payload:  # the end, a ping, or a cancel
+                self.open.discard(c.id)
+            else:
+                self.open.add(c.id)
+
+    def sent(self, data: bytes) -> None:
+        for c in self.outbound.feed(self._strip("out", data)):
+            if c.response and (c.payload or c.termination):
+                assert c.id not in self.open, f"response chunk for request {c.id} before its end"
+                self.responses += 1
+
+
 @dataclass(eq=False)
 class Side:
     engine: StreamuxEngine
@@ -1149,6 +1352,7 @@ class Side:
     pings: set[int] = field(default_factory=set)
     unsent: bytearray = field(default_factory=bytearray)
     """What this side sent that the other has not received yet."""
+    order: WireOrder = field(default_factory=lambda: WireOrder(Negotiated(2, 4)))
 
 
 class World:
@@ -1161,7 +1365,7 @@ class World:
         self.split = split
         self.counter = 0
         for side in (self.a, self.b):
-            side.unsent += out(side.engine)
+            self.collect(side)
         self.deliver(self.a, 0)
         self.deliver(self.b, 0)
         assert self.a.engine.ready and self.b.engine.ready
@@ -1175,7 +1379,9 @@ class World:
         return bytes((self.counter * 7 + i) % 256 for i in range(n))
 
     def collect(self, side: Side) -> None:
-        side.unsent += out(side.engine)
+        data = out(side.engine)
+        side.order.sent(data)
+        side.unsent += data
 
     # -- commands --------------------------------------------------------------------------
 
@@ -1204,7 +1410,7 @@ class World:
 
     def write(self, side: Side, index: int, size: int) -> None:
         requests = [r for r in side.requests.values() if r.writable]
-        served = [s for s in side.served.values() if s.writable]
+        served = [s for s in side.served.values() if s.writable and s.got_end]  # answers wait
         targets: list[Request | Served] = [*requests, *served]
         if not targets:
             return
@@ -1253,6 +1459,7 @@ class World:
         n = len(side.unsent) if size == 0 else min(size, self.split, len(side.unsent))
         data = bytes(side.unsent[:n])
         del side.unsent[:n]
+        other.order.received(data)
         for event in other.engine.receive_data(data):
             self.on_event(other, event)
         self.collect(other)
@@ -1326,10 +1533,10 @@ class World:
                         self.end(side, [r for r in side.requests.values() if r.writable].index(request))
                 for served in list(side.served.values()):
                     if served.writable:
-                        side.engine.end_channel(served.handle)
-                        served.ended = True
-                        if served.got_end:
+                        if side.engine.end_channel(served.handle):
+                            assert served.got_end
                             served.closed = True
+                        served.ended = True
                         self.collect(side)
             if not self.a.unsent and not self.b.unsent:
                 return
@@ -1387,3 +1594,4 @@ def test_random_interleavings_conserve_bytes(split: int, commands: list[tuple[ob
         getattr(world, str(kind))(side, *args)
     world.drain()
     world.check()
+    assert world.a.order.open == world.b.order.open == set()

@@ -16,7 +16,7 @@ import pytest
 
 import polymux
 from cli.procs import Proc, Procs
-from polymux.apps.common import two_way
+from polymux.apps.common import conversation_options, two_way
 from polymux.apps.filetransfer import (
     PART_SUFFIX,
     Receiver,
@@ -194,7 +194,9 @@ async def test_transfer_over_every_two_way_format(tmp_path: Path, protocol: str)
     log: list[str] = []
     receiver = Receiver(dest, log=log.append)
     async with asyncio.timeout(30):
-        server = await polymux.start_server(receiver.handle, "127.0.0.1", 0, protocol=protocol)
+        server = await polymux.start_server(
+            receiver.handle, "127.0.0.1", 0, protocol=protocol, **conversation_options(protocol)
+        )
         async with server, await polymux.connect("127.0.0.1", server.port, protocol=protocol) as session:
             transfers = await send_files(session, collect([src]), parallel=4)
     assert [t.status for t in transfers] == ["done"] * 6, [t.error for t in transfers]

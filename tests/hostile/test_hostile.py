@@ -228,7 +228,10 @@ async def _flood_writer(
     peer = await HostilePeer.connect(s.server.port, fmt)  # type: ignore[union-attr]
     try:
         await peer.handshake()
-        await peer.open("pour")
+        handle = await peer.open("pour")
+        if fmt == "streamux":  # a response goes out only once its request has ended
+            peer.engine.end_channel(handle)
+            await peer.send()
         with peak_memory() as peak:
             async with asyncio.timeout(30):
                 if read_socket:

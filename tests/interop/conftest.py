@@ -7,39 +7,18 @@ with the reference implementations is part of what polymux promises.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from .gobuild import GoUnavailable, build
-
-
-NODE_DIR = Path(__file__).parent / "node"
+from .peers import install_node_peers
 
 
 @pytest.fixture(scope="session")
 def node_peers() -> Path:
     """The folder of the Node peers, with its npm packages installed (``npm ci``)."""
-    node = shutil.which("node")
-    npm = shutil.which("npm")
-    if node is None or npm is None:
-        pytest.fail("interop tests need Node.js and npm on PATH (they are never skipped)")
-    lock = NODE_DIR / "package-lock.json"
-    stamp = NODE_DIR / "node_modules" / ".package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        result = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            check=False,
-            cwd=NODE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if result.returncode != 0:
-            pytest.fail(f"npm ci failed in {NODE_DIR}:\n{result.stdout}\n{result.stderr}")
-    return NODE_DIR
+    return install_node_peers("interop tests")
 
 
 @pytest.fixture(scope="session")

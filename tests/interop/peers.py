@@ -12,9 +12,39 @@ import asyncio
 import contextlib
 import itertools
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import polymux
+
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+def install_node_peers(who: str = "interop tests") -> Path:
+    """The folder of the Node peers, with its npm packages installed (``npm ci`` when the
+    lock file is newer). A missing ``node`` or ``npm``, or a failing ``npm ci``, fails the
+    calling test (``who`` says which): never a skip."""
+    import pytest
+
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail(f"the {who} need Node.js and npm on PATH (they are never skipped)")
+    lock = NODE_DIR / "package-lock.json"
+    stamp = NODE_DIR / "node_modules" / ".package-lock.json"
+    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+        result = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            check=False,
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            pytest.fail(f"npm ci failed in {NODE_DIR}:\n{result.stdout}\n{result.stderr}")
+    return NODE_DIR
 
 
 def pattern(index: int, size: int) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import polymux
+from interop.peers import install_node_peers
 
 from .scenarios import (
     Expected,
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from polymux.pipeline import Summary
-
-NODE_DIR = Path(__file__).parent.parent / "interop" / "node"
 
 
 def ensure_java() -> str:
@@ -67,23 +65,7 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def node_dir() -> Path:
     """tests/interop/node with its npm packages installed (``npm ci`` when needed)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.fail("the pipeline's Node peer session needs Node.js and npm on PATH (never skipped)")
-    lock = NODE_DIR / "package-lock.json"
-    stamp = NODE_DIR / "node_modules" / ".package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        result = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            check=False,
-            cwd=NODE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if result.returncode != 0:
-            pytest.fail(f"npm ci failed in {NODE_DIR}:\n{result.stdout}\n{result.stderr}")
-    return NODE_DIR
+    return install_node_peers("pipeline's Node peer sessions")
 
 
 @dataclass

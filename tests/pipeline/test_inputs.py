@@ -64,7 +64,7 @@ def test_decode_units_reads_a_rotated_session_as_one_stream(tmp_path: Path) -> N
     session = read_session(files)
     expected = list(decode_chunks(session.format, session.chunks, session=session.session))
     assert table.num_rows == len(expected) > 20
-    assert [tuple(r.values())[:13] for r in table.to_pylist()] == [tuple(r) for r in expected]
+    assert [tuple(r.values())[: len(expected[0])] for r in table.to_pylist()] == [tuple(r) for r in expected]
     assert table.column("seq").to_pylist() == list(range(len(expected)))
     credits = [(r.credit, r.credit_dir, r.channel) for r in expected]
     before = table.column("credit_before").to_pylist()

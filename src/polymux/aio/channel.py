@@ -240,9 +240,14 @@ class ChannelTransport(asyncio.Transport):
             isinstance(data, memoryview) and data.readonly and isinstance(data.obj, bytes)
         ):
             data = bytes(data)
-        if self._core.write(self._handle, data) and not self._protocol_paused:
+        core = self._core
+        if core.write(self._handle, data) and not self._protocol_paused:
             self._protocol_paused = True
             self._protocol.pause_writing()  # type: ignore[union-attr]
+        elif self._handle not in core.channels:  # reset: it held more than the format allows
+            self._host.process()
+            if self._write_error is not None:
+                raise self._write_error
         self._host.want_flush()
 
     def writelines(self, list_of_data: Any) -> None:

@@ -216,6 +216,8 @@ class AnyioChannel(ByteStream):
             if self._core.write(self._handle, bytes(item)):
                 self._writable = anyio.Event()
             self._session._process()
+            if self._error is not None:  # reset: it held more than the format allows
+                raise _broken(self._error)
         await self._writable.wait()
         if self._error is not None:
             raise _broken(self._error)

@@ -31,6 +31,7 @@ __all__ = [
     "add_address_options",
     "add_session_options",
     "connect",
+    "conversation_options",
     "format_bytes",
     "parse_address",
     "parse_size",
@@ -306,6 +307,14 @@ async def connect(
         raise NoSession(f"cannot connect to {address} ({protocol}): {exc.strerror or exc}") from None
     _heads[session] = heads
     return session
+
+
+def conversation_options(protocol: str) -> dict[str, Any]:
+    """SessionConfig options for a server whose channels are conversations (a request, an
+    answer, more of the request ...): on Streamux, whose responses otherwise wait for the
+    end of their request, ``streamux_early_responses`` (a polymux extension: every peer
+    must be polymux). Nothing for other formats."""
+    return {"streamux_early_responses": True} if protocol == "streamux" else {}
 
 
 async def listen(address: Address, handler: Any, protocol: str, **kwargs: Any) -> polymux.Server:

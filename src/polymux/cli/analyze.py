@@ -1,7 +1,9 @@
 """polymux analyze INPUTS... --out DIR: decode captures with Spark and write traffic
 reports (CSV, Parquet, index.html with plots). INPUTS are polymux captures
 (*.pmcap.parquet), pcap/pcapng files, folders (searched recursively) or glob patterns.
-Spark runs embedded (local[*]) unless --master says otherwise; under spark-submit the
+A packet-capture flow's format is detected from its first bytes (polymux decode does the
+same), unless --protocol forces it; the sessions report says how it was chosen. Spark
+runs embedded (local[*]) unless --master says otherwise; under spark-submit the
 submitted master is used. Needs the spark and pcap extras (pip install
 'polymux[spark,pcap]') and Java 17 or newer. Inputs that match no capture file, and a
 missing extra (the message says what to install), exit 1.
@@ -33,9 +35,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     parser.add_argument(
         "--protocol",
-        choices=PROTOCOLS,
-        default=None,
-        help="format of the packet-capture flows (default: detect); polymux captures record their own",
+        action="append",
+        metavar="[PATTERN=]FORMAT",
+        help="format of the packet-capture flows, or of those whose session id matches PATTERN "
+        f"(fnmatch, e.g. '*:9000=yamux'; repeatable); default: detect; polymux captures record "
+        f"their own. Formats: {', '.join(PROTOCOLS)}",
     )
     parser.add_argument(
         "--master", default=None, help="Spark master URL (default local[*]; spark-submit's wins)"
@@ -46,11 +50,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the pipeline; print where the report is."""
+    from polymux.tracing import parse_protocols
+
+    try:
+        protocol = parse_protocols(args.protocol)
+    except ValueError as exc:
+        args.parser.error(str(exc))
     try:
         from polymux.pipeline import analyze
 
         summary = analyze(
-            args.inputs, args.out, protocol=args.protocol, master=args.master, progress=not args.quiet
+            args.inputs, args.out, protocol=protocol, master=args.master, progress=not args.quiet
         )
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in _EXTRAS:

@@ -3,20 +3,30 @@
 FILE is one of:
 
   - a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
-    each is decoded (as --protocol, or the format detected from each flow's first bytes;
-    flows whose format is not recognised are named on stderr and skipped);
+    each is decoded;
   - a polymux capture (*.pmcap.parquet, written by polymux.tracing.CaptureRecorder),
     which records its format;
   - raw bytes of one direction of a connection (--direction, c2s by default: what the
-    client sent), decoded as --protocol or the format detected from its first bytes.
+    client sent).
+
+The format of a flow is --protocol's, else the one a polymux capture records, else the
+one polymux.tracing.detect tells from the first bytes (with its evidence and
+confidence; "ambiguous: mplex or multiplex" where the bytes cannot tell, decoded as mplex
+first). A detected format that runs into a violation early is retried under the other
+candidates before a violation is listed. --protocol FORMAT applies to every flow;
+--protocol PATTERN=FORMAT (repeatable) to the flows whose session id matches the
+pattern (fnmatch; a TCP flow's id is client-server, e.g. '*:9000=yamux'). Flows
+whose format is not recognised are named on stderr and skipped.
 
 One line per frame: time (seconds since the connection's first captured byte), direction,
 byte offset in that direction, channel, frame type, length, flags, the send credit left
-after the frame (and whose), and the ping id or error. --json prints one JSON object per
-frame instead (the fields of polymux.tracing.FRAME_FIELDS). Protocol violations are
-listed as "violation" frames (the exit status stays 0); a FILE that cannot be read or
-decoded exits 1. Needs the pcap extra for packet captures and pyarrow for polymux
-captures.
+after the frame (and whose), the ping id or error, and the channel's name where the format
+has one. Each connection starts with two == lines: session, format and where from; how
+the format was chosen. --json prints one JSON object per frame instead (the fields of
+polymux.tracing.FRAME_FIELDS; how the format was chosen goes to stderr when it was
+ambiguous or retried). Protocol violations are listed as violation frames (the exit
+status stays 0); a FILE that cannot be read or decoded exits 1. Needs the pcap extra
+for packet captures and pyarrow for polymux captures.
 """
 
 from __future__ import annotations
@@ -38,8 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run"]
 
-_HEAD = 256  # bytes of each direction used to detect the format
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``polymux decode``."""
@@ -51,7 +59,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("file", metavar="FILE", help="pcap/pcapng, *.pmcap.parquet, or raw bytes of one direction")
-    p.add_argument("--protocol", "-p", choices=PROTOCOLS, help="wire format (default: detect)")
+    p.add_argument(
+        "--protocol",
+        "-p",
+        action="append",
+        metavar="[PATTERN=]FORMAT",
+        help=f"wire format of every flow, or of the flows matching PATTERN (repeatable); "
+        f"default: detect. Formats: {', '.join(PROTOCOLS)}",
+    )
     p.add_argument(
         "--direction",
         choices=("c2s", "s2c"),
@@ -78,31 +93,31 @@ def _kind(path: Path) -> str:
     return "raw"
 
 
-def _heads(chunks: Iterable[Chunk]) -> tuple[bytes, bytes]:
-    heads = {"c2s": bytearray(), "s2c": bytearray()}
-    for _t, direction, data in chunks:
-        head = heads[direction]
-        if len(head) < _HEAD:
-            head += data[: _HEAD - len(head)]
-    return bytes(heads["c2s"]), bytes(heads["s2c"])
-
-
 class _Connection:
-    """One connection to list: its chunks, format and how to describe it."""
+    """One connection to list: its chunks, how to decode them and how to describe it."""
 
     def __init__(
-        self, session: str, fmt: str | None, chunks: list[Chunk], title: str, one_way: bool = False
+        self,
+        session: str,
+        chunks: list[Chunk],
+        title: str,
+        format: str | None,
+        how: str,
+        one_way: bool = False,
     ) -> None:
-        self.one_way = one_way
         self.session = session
-        self.format = fmt
         self.chunks = chunks
         self.title = title
+        self.format = format
+        """The format given (forced or recorded); None: detect."""
+        self.how = how
+        self.one_way = one_way
 
 
 def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
-    from polymux.tracing import detect_format, read_capture, read_pcap
+    from polymux.tracing import forced_format, read_capture, read_pcap
 
+    protocols = args.protocols
     path = Path(args.file)
     try:
         kind = _kind(path)
@@ -111,10 +126,13 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
     if kind in ("pcap", "pcapng"):
         try:
             for flow in read_pcap(path):
-                fmt = args.protocol or detect_format(*_heads(flow.chunks))
                 gaps = "".join(f", {d} bytes missing after offset {o}" for d, o in sorted(flow.gaps.items()))
                 yield _Connection(
-                    flow.session, fmt, flow.chunks, f"{flow.client} -> {flow.server} (TCP{gaps})"
+                    flow.session,
+                    flow.chunks,
+                    f"{flow.client} -> {flow.server} (TCP{gaps})",
+                    forced_format(flow.session, protocols),
+                    "forced (--protocol)",
                 )
         except (OSError, ValueError) as exc:
             raise _Unreadable(str(exc)) from None
@@ -124,29 +142,33 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
             cap = read_capture(path)
         except (OSError, ValueError) as exc:
             raise _Unreadable(str(exc)) from None
-        fmt = args.protocol or cap.format
+        forced = forced_format(cap.session, protocols)
         title = f"{cap.role} {cap.local or '?'}, peer {cap.peer or '?'} (polymux capture, part {cap.seq})"
-        yield _Connection(cap.session, fmt, cap.chunks, title)
+        how = "forced (--protocol)" if forced else "recorded in the capture"
+        yield _Connection(cap.session, cap.chunks, title, forced or cap.format, how)
         return
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
     chunks: list[Chunk] = [(0, args.direction, data)] if data else []
-    fmt = args.protocol
-    if fmt is None:
-        head = data[:_HEAD]
-        fmt = detect_format(head, b"") if args.direction == "c2s" else detect_format(b"", head)
-    yield _Connection(path.name, fmt, chunks, f"raw {args.direction} bytes, {len(data)} bytes", one_way=True)
+    yield _Connection(
+        path.name,
+        chunks,
+        f"raw {args.direction} bytes, {len(data)} bytes",
+        forced_format(path.name, protocols),
+        "forced (--protocol)",
+        one_way=True,
+    )
 
 
 def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _print_table(conn: _Connection, records: Iterable[FrameRecord], out: TextIO) -> None:
+def _print_table(conn: _Connection, fmt: str, how: str, records: Iterable[FrameRecord], out: TextIO) -> None:
     start = conn.chunks[0][0] if conn.chunks else 0
-    out.write(f"== {conn.session}  {conn.format}  {conn.title}\n")
+    out.write(f"== {conn.session}  {fmt}  {conn.title}\n== format: {how}\n")
     out.write(
         f"{'time':>11} {'dir':3} {'offset':>10} {'channel':<9} {'type':<13} {'length':>8} {'flags':>6} "
         f"{'credit left':>15}\n"
@@ -158,6 +180,8 @@ def _print_table(conn: _Connection, records: Iterable[FrameRecord], out: TextIO)
             extra.append(f"id={r.ping_id}")
         if r.error is not None:
             extra.append(r.error)
+        if r.channel_name is not None:
+            extra.append(f"name={json.dumps(r.channel_name, ensure_ascii=False)}")
         out.write(
             f"{(r.time_ns - start) / 1e9:>11.6f} {r.direction:3} {r.offset:>10} {r.channel or '-':<9} "
             f"{r.frame_type:<13} {r.length:>8} {r.flags:>#6x} {credit:>15}"
@@ -168,8 +192,12 @@ def _print_table(conn: _Connection, records: Iterable[FrameRecord], out: TextIO)
 
 def run(args: argparse.Namespace) -> int:
     """Decode and print; 0 on success, 1 when the file cannot be read or decoded."""
-    from polymux.tracing import decode_chunks
+    from polymux.tracing import decode_flow, parse_protocols
 
+    try:
+        args.protocols = parse_protocols(args.protocol)
+    except ValueError as exc:
+        args.parser.error(str(exc))
     out = sys.stdout
     status = EXIT_OK
     try:
@@ -177,21 +205,28 @@ def run(args: argparse.Namespace) -> int:
         seen = 0
         for conn in _connections(args):
             seen += 1
-            if conn.format is None:
+            flow = decode_flow(
+                conn.chunks, session=conn.session, format=conn.format, how=conn.how, one_way=conn.one_way
+            )
+            if flow.format is None:
+                why = flow.detection.evidence if flow.detection is not None else flow.how
                 print(
-                    f"polymux decode: {conn.session}: the format is not recognised; name it with --protocol",
+                    f"polymux decode: {conn.session}: the format is not recognised; name it with "
+                    f"--protocol ({why})",
                     file=sys.stderr,
                 )
                 status = EXIT_FAILED
                 continue
-            records = decode_chunks(conn.format, conn.chunks, session=conn.session, one_way=conn.one_way)
             if args.json:
-                for r in records:
-                    out.write(json.dumps(r._asdict(), separators=(",", ":")) + "\n")
+                detection = flow.detection
+                if detection is not None and (detection.ambiguous or flow.format != detection.format):
+                    print(f"polymux decode: {conn.session}: {flow.how}", file=sys.stderr)
+                for r in flow.records:
+                    out.write(json.dumps(r._asdict(), separators=(",", ":"), ensure_ascii=False) + "\n")
             else:
                 if not first:
                     out.write("\n")
-                _print_table(conn, records, out)
+                _print_table(conn, flow.format, flow.how, flow.records, out)
             first = False
         out.flush()
         if not seen:

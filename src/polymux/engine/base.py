@@ -198,6 +198,21 @@ class Engine(ABC):
             return 0
         return record.send.available
 
+    def may_hold(self, channel: int, held: int) -> bool:
+        """The I/O layer holds ``held`` bytes for ``channel``, more than it lets pile up
+        before it makes someone wait (unsent bytes past the write buffer's high-water mark,
+        or unread bytes past the receive window): may it go on without waiting?
+
+        False (the default): no, block the writer (or stop reading the connection) as
+        usual. True: the format holds the channel's answer back until something the peer
+        finishes only while the application goes on reading and writing (a Streamux
+        response waits for the end of its request), so waiting could deadlock; the engine
+        bounds the bytes instead and raises :class:`~polymux.exceptions.LimitExceeded`
+        beyond its limits (the I/O layer then resets the channel). Called again as
+        ``held`` grows.
+        """
+        return False
+
     def _writable(self, channel: int) -> ChannelRecord:
         """The record of a channel we may send on; a local bug otherwise."""
         record = self._record(channel)

@@ -19,9 +19,32 @@ Rules:
   are protocol errors.
 * An empty first chunk with termination is a ping and is answered with an empty response
   (the ping ack) without reaching the application; so an empty request gets an empty
-  response. The responder has no way to fail a request on the wire: resetting a response
-  ends it (empty termination) and drops the rest of the request.
-* No flow control on the wire: the I/O layer's slow-reader policy bounds buffers.
+  response.
+* A response starts only after its request ended: no response chunk, data or termination,
+  goes on the wire for request N before N's terminating chunk was received. The spec's
+  flow is "sender sends request, receiver processes it, receiver sends response", and
+  go-streamux fails the session on a response to a request it is still sending ("Cannot
+  receive response N: Message has not been completely sent"). So :meth:`send_credit` is 0
+  for a response whose request has not ended (the I/O layer keeps its bytes), an
+  ``end_channel`` or reset of such a response is sent when the request ends, and a
+  :class:`~polymux.engine.events.CreditAvailable` says when the response may go.
+* Streamux has no credit on the wire, so the bytes of such a held response cannot be made
+  to wait by slowing the requester down: the application must go on reading the request
+  (an echo handler that blocked in ``drain()`` would stop reading, and the request would
+  never end). :meth:`may_hold` lets the I/O layer go on past its usual limits (the asyncio
+  layer: the writer past its high-water mark; the anyio one, whose writer waits for
+  credit: reading the request past the receive window) and bounds what it holds instead:
+  ``streamux_response_hold`` bytes per response, ``streamux_hold_budget`` for all of a
+  session's held responses; beyond them the I/O layer resets the channel.
+* The responder has no way to fail a request on the wire: resetting (or rejecting) a
+  request drops the rest of it and ends the response (an empty termination, sent once the
+  request has ended: the requester reads an empty response).
+* ``streamux_early_responses=True`` (a polymux extension, off by default) lifts the rule:
+  a response may start while its request is still arriving, so one channel can carry a
+  conversation (polymux's chat and file-transfer apps). The spec's flow does not allow
+  it and go-streamux fails the session on it: only between polymux peers. A polymux
+  requester accepts such responses either way.
+* No flow control on the wire: the I/O layer's slow-reader policy bounds receive buffers.
 """
 
 from __future__ import annotations
@@ -39,13 +62,14 @@ from polymux.engine.events import (
     ChannelEnded,
     ChannelOpened,
     ChannelReset,
+    CreditAvailable,
     DataReceived,
     Event,
     PingAcked,
     SessionReady,
 )
 from polymux.engine.flow import SendCredit
-from polymux.exceptions import ProtocolError
+from polymux.exceptions import LimitExceeded, ProtocolError
 from polymux.wire import streamux as wire
 
 
@@ -91,6 +115,10 @@ class StreamuxEngine(Engine):
         self._next_id = 0
         self.now = 0.0
         self.rtt: float | None = None
+        self.held_bytes = 0
+        self._early = c.streamux_early_responses  # polymux-only conversations: no hold
+        """Bytes held for responses that wait for their requests' end (unsent, or unread),
+        as the I/O layer last reported them (:meth:`may_hold`), summed over the session."""
         self._out.append(wire.encode_init(self.ours))
         if self.ours.quick_request:
             # Quick init: the peer will take our recommended values (or fail).
@@ -199,11 +227,20 @@ class StreamuxEngine(Engine):
 
     def _remote_ended(self, record: ChannelRecord, events: list[Event]) -> None:
         record.remote_end = True
+        waiting = False
+        if not record.local_origin:
+            # The request ended: its response may go on the wire from now on.
+            self._release_hold(record)
+            if record.extra.pop("end_held", False):
+                self._chunk(record.wire_id, 0, response=True, termination=True)
+            waiting = bool(record.extra.pop("waiting", False))
         if record.extra.get("dropped"):
             if record.local_end:
                 self._forget(record)
             return
         events.append(ChannelEnded(record.handle))
+        if waiting and not record.local_end:
+            events.append(CreditAvailable(record.handle))
         if record.local_end:
             self._forget(record)
             events.append(ChannelClosed(record.handle))
@@ -233,12 +270,62 @@ class StreamuxEngine(Engine):
         self._record(channel).accepted = True
 
     def reject_channel(self, channel: int) -> None:
-        """Refuse a request: an empty response, and the rest of the request is dropped."""
+        """Refuse a request: the rest of it is dropped, and it gets an empty response once it
+        has ended."""
         self._drop(self._record(channel))
+
+    def send_credit(self, channel: int) -> int:
+        """Unlimited (no credit on the wire), except 0 for a response whose request has not
+        ended yet (see the module docstring)."""
+        record = self._channels.get(channel)
+        if record is None or not record.accepted or record.local_end:
+            return 0
+        if not record.local_origin and not record.remote_end and not self._early:
+            record.extra["waiting"] = True  # a CreditAvailable follows the request's end
+            return 0
+        return record.send.available
+
+    def may_hold(self, channel: int, held: int) -> bool:
+        """True for a request we serve that has not ended, whose response has not ended
+        either: neither its writer nor the connection's reading may wait (see the module
+        docstring). ``held`` (what the I/O layer holds for it: the unsent response, or
+        the unread request) counts against ``streamux_response_hold`` and, summed over the
+        session, ``streamux_hold_budget``, beyond which
+        :class:`~polymux.exceptions.LimitExceeded` is raised (and the bytes are no longer
+        counted: the channel is to be reset)."""
+        record = self._channels.get(channel)
+        if record is None or record.local_origin or record.remote_end or record.local_end or self._early:
+            return False
+        config = self.config
+        previous = record.extra.get("held", 0)
+        assert isinstance(previous, int)
+        total = self.held_bytes - previous + held
+        problem = None
+        if held > config.streamux_response_hold:
+            problem = f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold}"
+        elif total > config.streamux_hold_budget:
+            problem = (
+                f"{total} bytes held by the session's responses exceed "
+                f"streamux_hold_budget={config.streamux_hold_budget}"
+            )
+        if problem is not None:
+            self._release_hold(record)
+            raise LimitExceeded(
+                f"{self.format}: the response to request {record.wire_id} cannot be sent before the "
+                f"request ends, and it holds more while the request is still arriving: {problem}"
+            )
+        record.extra["held"] = held
+        self.held_bytes = total
+        return True
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue chunks of at most :attr:`max_frame` bytes (never empty: that is a cancel)."""
         record = self._writable(channel)
+        if not record.local_origin and not record.remote_end and not self._early:
+            raise RuntimeError(
+                f"{self.format}: cannot send the response on {record.describe()} before its request "
+                "ended (its send_credit is 0)"
+            )
         total = run_size(data, more)
         if total:
             n = self.negotiated
@@ -249,12 +336,16 @@ class StreamuxEngine(Engine):
             )
 
     def end_channel(self, channel: int) -> bool:
-        """Terminate our message (an empty termination chunk)."""
+        """Terminate our message (an empty termination chunk; a response's waits for the end
+        of its request)."""
         record = self._record(channel)
         if record.local_end:
             return False
-        record.local_end = True
-        self._chunk(record.wire_id, 0, response=not record.local_origin, termination=True)
+        if record.local_origin:
+            record.local_end = True
+            self._chunk(record.wire_id, 0, response=False, termination=True)
+        else:
+            self._end_response(record)
         if record.remote_end:
             self._forget(record)
             return True
@@ -262,7 +353,8 @@ class StreamuxEngine(Engine):
 
     def reset_channel(self, channel: int, message: str | None = None) -> None:
         """Our request: cancel it (the id stays locked until the ack). A request we serve:
-        end the response and drop the rest of the request (Streamux cannot say why)."""
+        drop the rest of the request and end the response (an empty termination once the
+        request has ended; Streamux cannot say why)."""
         record = self._channels.get(channel)
         if record is None:
             return
@@ -289,10 +381,24 @@ class StreamuxEngine(Engine):
     def _drop(self, record: ChannelRecord) -> None:
         record.extra["dropped"] = True
         if not record.local_end:
-            record.local_end = True
-            self._chunk(record.wire_id, 0, response=True, termination=True)
+            self._end_response(record)
         if record.remote_end:
             self._forget(record)
+
+    def _end_response(self, record: ChannelRecord) -> None:
+        """Terminate the response to a request we serve: now if the request has ended, else
+        when it ends (:meth:`_remote_ended`)."""
+        record.local_end = True
+        self._release_hold(record)
+        if record.remote_end or self._early:
+            self._chunk(record.wire_id, 0, response=True, termination=True)
+        else:
+            record.extra["end_held"] = True
+
+    def _release_hold(self, record: ChannelRecord) -> None:
+        held = record.extra.pop("held", 0)
+        assert isinstance(held, int)
+        self.held_bytes -= held
 
     def _chunk(self, cid: int, length: int, *, response: bool, termination: bool) -> None:
         assert self.negotiated is not None
@@ -312,6 +418,7 @@ class StreamuxEngine(Engine):
         return record
 
     def _forget(self, record: ChannelRecord) -> None:
+        self._release_hold(record)
         self._channels.pop(record.handle, None)
         table = self._local if record.local_origin else self._remote
         if table.get(record.wire_id) is record:

@@ -8,9 +8,11 @@ as files, folders (searched recursively) or glob patterns. Spark reads each file
 flow. A session whose capture rotated into several files is decoded in one piece: those
 files (only those) are brought together by session and sorted by sequence number first.
 
-Which format: a polymux capture records its own; a packet capture's flows are decoded as
-``protocol`` when given, else as what ``polymux.tracing.detect_format`` recognises (flows it
-does not recognise are skipped).
+Which format: a polymux capture records its own; a packet capture's flow is decoded as the
+format ``protocol`` forces for it (one format for every flow, or ``{pattern: format}`` by
+session id: ``polymux.tracing.forced_format``), else as ``polymux.tracing.decode_flow``
+detects it (retrying the other candidates when it fails early; flows it does not recognise
+are skipped). The ``detection`` column says which, per session.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import glob
 import itertools
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,10 +32,18 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-from polymux.pipeline.schema import FRAME_FIELDS, frames_struct
+from polymux.pipeline.schema import EXTRA_FIELDS, FRAME_FIELDS, frames_struct
 
 
-__all__ = ["CAPTURE_SUFFIX", "PCAP_SUFFIXES", "InputFile", "decode_units", "find_inputs", "ingest"]
+__all__ = [
+    "CAPTURE_SUFFIX",
+    "PCAP_SUFFIXES",
+    "InputFile",
+    "ProtocolChoice",
+    "decode_units",
+    "find_inputs",
+    "ingest",
+]
 
 CAPTURE_SUFFIX = ".pmcap.parquet"
 """Raw polymux capture files."""
@@ -107,8 +117,15 @@ def find_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[InputFile]:
 # -- executor side -------------------------------------------------------------------------
 
 
-def _sessions(rows: Iterable[tuple[str, str, bytes]], protocol: str | None) -> Iterator[Iterator[Any]]:
-    """One iterator of frame records per session (a pcap file gives one per flow)."""
+ProtocolChoice = str | Mapping[str, str] | None
+"""``protocol`` of the ingest: one format for every packet-capture flow, ``{pattern: format}``
+by session id (``polymux.tracing.forced_format``), or None (detect)."""
+
+
+def _sessions(
+    rows: Iterable[tuple[str, str, bytes]], protocol: ProtocolChoice
+) -> Iterator[tuple[str, Iterator[Any]]]:
+    """``(detection, frame records)`` per session (a pcap file gives one per flow)."""
     from polymux import tracing
 
     iterator = iter(rows)
@@ -122,14 +139,13 @@ def _sessions(rows: Iterable[tuple[str, str, bytes]], protocol: str | None) -> I
             except Exception as exc:
                 raise ValueError(f"{path}: cannot read the packet capture: {exc}") from exc
             for flow in flows:
-                fmt = protocol
-                if fmt is None:
-                    c2s = b"".join(d for _t, direction, d in flow.chunks[:8] if direction == "c2s")
-                    s2c = b"".join(d for _t, direction, d in flow.chunks[:8] if direction == "s2c")
-                    fmt = tracing.detect_format(c2s, s2c)
-                if fmt is None:
+                forced = tracing.forced_format(flow.session, protocol)
+                decoded = tracing.decode_flow(
+                    flow.chunks, session=flow.session, format=forced, how="forced (--protocol)"
+                )
+                if decoded.format is None:
                     continue  # not a format we can recognise: skipped (say --protocol)
-                yield tracing.decode_chunks(fmt, flow.chunks, session=flow.session)
+                yield decoded.how, decoded.records
             continue
         try:
             first = tracing.read_capture_bytes(content)
@@ -149,7 +165,10 @@ def _sessions(rows: Iterable[tuple[str, str, bytes]], protocol: str | None) -> I
                 peek = next(iterator, None)
                 yield from capture.chunks
 
-        yield tracing.decode_chunks(first.format, unit_chunks(), session=first.session)
+        yield (
+            "recorded in the capture",
+            tracing.decode_chunks(first.format, unit_chunks(), session=first.session),
+        )
         # decode_chunks may stop early (a violation in both directions): skip the rest
         while peek is not None and peek[0] == unit:
             peek = next(iterator, None)
@@ -176,10 +195,10 @@ def _credit_before(
 
 
 def decode_units(
-    rows: Iterable[tuple[str, str, bytes]], protocol: str | None = None
+    rows: Iterable[tuple[str, str, bytes]], protocol: ProtocolChoice = None
 ) -> Iterator[pa.RecordBatch]:
     """Decode ``(unit, path, content)`` rows into Arrow batches of the frames table (the
-    contract's 13 fields, then ``seq`` and ``credit_before``).
+    contract's 14 fields, then ``seq``, ``credit_before`` and ``detection``).
 
     Rows of the same unit (a rotated capture's files) must be consecutive and in sequence
     order; their chunks are decoded as one stream. No Spark here: the executors run it
@@ -190,7 +209,7 @@ def decode_units(
 
     schema = _arrow_schema()
     fields = list(schema)
-    for records in _sessions(rows, protocol):
+    for detection, records in _sessions(rows, protocol):
         last: dict[tuple[str, str], int] = {}
         seq = 0
         while block := list(itertools.islice(records, _BATCH_ROWS)):
@@ -199,6 +218,12 @@ def decode_units(
             arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=False)]
             arrays.append(pa.array(np.arange(seq, seq + len(block), dtype=np.int64)))
             arrays.append(before)
+            # On the session's first record only: a long text on every record costs time
+            # and memory for nothing (the reports take it per session).
+            if seq:
+                arrays.append(pa.nulls(len(block), pa.string()))
+            else:
+                arrays.append(pa.array([detection], pa.string()).take([0] + [None] * (len(block) - 1)))
             seq += len(block)
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -207,8 +232,8 @@ def _arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
     types = {"str": pa.string(), "int64": pa.int64()}
-    names = [name for name, _ in FRAME_FIELDS] + ["seq", "credit_before"]
-    kinds = [kind for _, kind in FRAME_FIELDS] + ["int64", "int64 | None"]
+    names = [name for name, _ in FRAME_FIELDS + EXTRA_FIELDS]
+    kinds = [kind for _, kind in FRAME_FIELDS + EXTRA_FIELDS]
     return pa.schema(
         [
             pa.field(n, types[k.split("|")[0].strip()], nullable="None" in k)
@@ -217,7 +242,7 @@ def _arrow_schema() -> pa.Schema:
     )
 
 
-def _decode_batches(batches: Iterator[pa.RecordBatch], protocol: str | None) -> Iterator[pa.RecordBatch]:
+def _decode_batches(batches: Iterator[pa.RecordBatch], protocol: ProtocolChoice) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: input rows (unit, path, content) -> frame-table batches."""
 
     def rows() -> Iterator[tuple[str, str, bytes]]:
@@ -238,7 +263,7 @@ def _local_uri(path: str) -> str:
 def ingest(
     spark: SparkSession,
     inputs: Sequence[str | os.PathLike[str]] | Sequence[InputFile],
-    protocol: str | None = None,
+    protocol: ProtocolChoice = None,
 ) -> DataFrame:
     """Return the frames DataFrame (columns :data:`~polymux.pipeline.schema.FRAME_TABLE_COLUMNS`)
     of the given capture files, folders or patterns. Lazy: the decoding runs when the

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-from polymux.pipeline.ingest import INGEST_SETTINGS, find_inputs, ingest
+from polymux.pipeline.ingest import INGEST_SETTINGS, ProtocolChoice, find_inputs, ingest
 from polymux.pipeline.page import write_html
 from polymux.pipeline.reports import REPORTS, SORT_KEYS, reports
 from polymux.pipeline.spark import Progress, build_session, sql_conf, under_spark_submit
@@ -78,7 +78,7 @@ def report_settings(spark: SparkSession) -> dict[str, str]:
 def analyze(
     inputs: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
-    protocol: str | None = None,
+    protocol: ProtocolChoice = None,
     master: str | None = None,
     *,
     spark: SparkSession | None = None,
@@ -90,7 +90,9 @@ def analyze(
     Writes into ``out``: ``frames/`` (the frames table, Parquet), every report as CSV and
     Parquet, ``throughput.png``, ``stalls.png`` and ``index.html``. Spark: ``spark`` if
     given, else a quiet session on ``master`` (default ``local[*]``; under ``spark-submit``
-    the submitted master).
+    the submitted master). ``protocol``: the format of packet-capture flows, one for all
+    or ``{session pattern: format}`` (``polymux.tracing.parse_protocols``); by default
+    each flow's format is detected (``polymux.tracing.decode_flow``).
     """
     steps = Progress(progress)
     folder = Path(out).resolve()

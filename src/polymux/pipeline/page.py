@@ -37,9 +37,10 @@ td:first-child, th:first-child { text-align: left; }
 """
 
 
-def _label(session: str, channel: str, direction: str, many_sessions: bool) -> str:
+def _label(session: str, channel: str, direction: str, many_sessions: bool, name: object = None) -> str:
     where = f"{session} " if many_sessions else ""
-    return f"{where}ch {channel or '(session)'} {direction}"
+    named = f" {name!r}" if isinstance(name, str) and name else ""
+    return f"{where}ch {channel or '(session)'}{named} {direction}"
 
 
 def _pyplot() -> Any:
@@ -75,7 +76,7 @@ def _plot_throughput(throughput: pd.DataFrame, target: Path) -> bool:
             rows["bytes"] / 1e6,
             marker="o",
             markersize=3,
-            label=_label(session, channel, direction, many),
+            label=_label(session, channel, direction, many, rows["channel_name"].iloc[0]),
         )
     ax.set_xlabel("seconds since the session's first record")
     ax.set_ylabel("MB/s (data bytes per 1-second window)")
@@ -95,7 +96,8 @@ def _plot_stalls(stall_totals: pd.DataFrame, target: Path) -> bool:
     top = stall_totals.sort_values("stalled_s", ascending=False).head(_TOP_STALLS).iloc[::-1]
     many = stall_totals["session"].nunique() > 1
     labels = [
-        f"{_label(r.session, r.channel, 'sender ' + r.sender, many)} ({r.stalls}x)" for r in top.itertuples()
+        f"{_label(r.session, r.channel, 'sender ' + r.sender, many, r.channel_name)} ({r.stalls}x)"
+        for r in top.itertuples()
     ]
     fig, ax = plt.subplots(figsize=(10, max(2.5, 0.35 * len(top) + 1)))
     ax.barh(labels, top["stalled_s"])

@@ -24,7 +24,10 @@ Definitions (see docs/pipeline.md):
   ``reset``, or to its last record once it is closed (any ``close``, or an ``end`` from
   every direction that sent data on it), else to the end of the capture;
 - a ping's RTT is the time from a ``ping`` to the first later ``pong`` with the same
-  ``ping_id`` in the other direction.
+  ``ping_id`` in the other direction;
+- ``channel_name`` is the name the channel was opened with, where the format has names
+  (null otherwise), and ``detection`` how the session's format was chosen; both are
+  constant per channel / session, so they ride along as aggregates (no extra scan).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["REPORTS", "reports"]
 
 REPORTS: dict[str, str] = {
-    "sessions": "one row per session: format, span, frames, data bytes each way, channels, resets, violations",
-    "traffic": "frames and data bytes per session, channel and direction",
+    "sessions": "one row per session: format and how it was chosen, span, frames, data bytes each way, channels, resets, violations",
+    "traffic": "frames and data bytes per session, channel (with its name) and direction",
     "throughput": "data bytes and frames per session, channel and direction in 1-second windows",
     "stalls": "intervals a sender sat at zero credit on a channel",
     "stall_totals": "stalls and stalled time per session, channel and sender",
@@ -61,8 +64,8 @@ def _count(cond: Column) -> Column:
 
 def fine_table(frames: DataFrame) -> DataFrame:
     """The one aggregation over the frames table: per (session, format, channel, direction,
-    second) the frames, data frames and bytes, first/last times, and the counts and times
-    of open/close/end/reset records."""
+    second) the frames, data frames and bytes, first/last times, the counts and times of
+    open/close/end/reset records, the channel's name and the session's detection."""
     from pyspark.sql import functions as F
 
     kind = F.col("frame_type")
@@ -77,6 +80,8 @@ def fine_table(frames: DataFrame) -> DataFrame:
             "frame_type",
             "length",
             "time_ns",
+            "channel_name",
+            "detection",
         )
         .groupBy("session", "format", "channel", "direction", "second")
         .agg(
@@ -93,6 +98,8 @@ def fine_table(frames: DataFrame) -> DataFrame:
             F.min(F.when(kind == "open", t)).alias("first_open_ns"),
             F.min(F.when(kind == "reset", t)).alias("first_reset_ns"),
             F.min(F.when(kind.isin("end", "close"), t)).alias("first_end_ns"),
+            F.max("channel_name").alias("channel_name"),
+            F.max("detection").alias("detection"),
         )
     )
 
@@ -111,6 +118,7 @@ def event_rows(frames: DataFrame) -> DataFrame:
         "format",
         "direction",
         "channel",
+        "channel_name",
         "frame_type",
         "time_ns",
         "seq",
@@ -149,6 +157,8 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
             F.min("first_open_ns").alias("first_open_ns"),
             F.min("first_reset_ns").alias("first_reset_ns"),
             F.min("first_end_ns").alias("first_end_ns"),
+            F.max("channel_name").alias("channel_name"),
+            F.max("detection").alias("detection"),
         )
         .cache()
     )
@@ -156,6 +166,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         "session",
         "format",
         "channel",
+        "channel_name",
         "direction",
         "frames",
         "data_frames",
@@ -167,6 +178,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         "session",
         "format",
         "channel",
+        "channel_name",
         "direction",
         "second",
         F.col("data_bytes").alias("bytes"),
@@ -191,6 +203,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
             F.min("first_ns").alias("first_ns"),
             F.max("last_ns").alias("last_ns"),
             F.min("first_reset_ns").alias("first_reset_ns"),
+            F.max("channel_name").alias("channel_name"),
             _count(has_data).alias("data_dirs"),
             _count(has_data & F.col("first_end_ns").isNotNull()).alias("ended_data_dirs"),
             F.sum(F.when(F.col("direction") == "c2s", F.col("data_bytes")).otherwise(0)).alias(
@@ -224,6 +237,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
             "session",
             "format",
             "channel",
+            "channel_name",
             "opened_by",
             "opens",
             "open_acks",
@@ -266,6 +280,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
             "session",
             "format",
             "channel",
+            "channel_name",
             "credit_dir",
             "stall",
             "time_ns",
@@ -284,6 +299,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
             "session",
             "format",
             "channel",
+            "channel_name",
             F.col("credit_dir").alias("sender"),
             start.alias("start_ns"),
             end.alias("end_ns"),
@@ -295,6 +311,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         .cache()
     )
     stall_totals = stalls.groupBy("session", "format", "channel", "sender").agg(
+        F.max("channel_name").alias("channel_name"),
         F.count(F.lit(1)).alias("stalls"),
         F.sum("duration_s").alias("stalled_s"),
         F.max("duration_s").alias("longest_s"),
@@ -331,6 +348,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
     sessions = (
         per_dir.groupBy("session", "format")
         .agg(
+            F.max("detection").alias("detection"),
             F.min("first_ns").alias("start_ns"),
             F.max("last_ns").alias("end_ns"),
             F.sum("frames").alias("frames"),
@@ -347,6 +365,7 @@ def reports(frames: DataFrame) -> dict[str, DataFrame]:
         .select(
             "session",
             "format",
+            "detection",
             "start_ns",
             "end_ns",
             ((F.col("end_ns") - F.col("start_ns")) / _NS).alias("duration_s"),

@@ -99,6 +99,7 @@ class CoreChannel:
         "handle",
         "held",
         "high",
+        "holding",
         "label",
         "lingering",
         "local",
@@ -129,6 +130,7 @@ class CoreChannel:
         self.queued = False  # in the scheduler's ready queue
         self.paused = False  # the writer's drain() blocks
         self.held = False  # paused by the session's unsent budget (in _held_writers)
+        self.holding = False  # the format holds its unsent bytes back (Engine.may_hold)
         self.unconsumed = 0  # received, not yet consumed by the application
         self.remote_ended = False
         self.read_closed = False  # close(): what still arrives is dropped (credit returned)
@@ -541,7 +543,9 @@ class SessionCore:
         channel.buffered = new = old + n
         self._unsent += n
         cap = self._unsent_cap
-        if old < cap:
+        if channel.holding:
+            self._hold(n)  # what the format holds back counts in full
+        elif old < cap:
             self._hold(min(new, cap) - old)
         if not channel.queued and channel.accepted:
             channel.queued = True
@@ -549,6 +553,8 @@ class SessionCore:
         if not channel.paused and (new > channel.high or self._unsent > self._unsent_limit):
             # Over our own high-water mark, or the session holds half its memory budget
             # in unsent bytes.
+            if self._may_hold(channel):
+                return False
             channel.paused = True
             if new <= channel.high:
                 self._hold_writer(channel)
@@ -863,7 +869,11 @@ class SessionCore:
         channel.buffered = new = old - size
         self._sent(size)
         cap = self._unsent_cap
-        if new < cap:
+        if channel.holding:
+            # The format lets it go now (a Streamux request ended): counted as any unsent.
+            channel.holding = False
+            self._release(old - min(new, cap))
+        elif new < cap:
             self._release(min(old, cap) - new)
         if channel.paused and new <= channel.low:
             self._update_pause(channel)
@@ -879,10 +889,31 @@ class SessionCore:
             channel.paused = False
             self._events.append(ce.WriteResumed(channel.handle))
             return False
-        if not channel.paused and channel.buffered > channel.high:
+        if not channel.paused and channel.buffered > channel.high and not self._may_hold(channel):
             channel.paused = True
             return True
         return None
+
+    def _may_hold(self, channel: CoreChannel) -> bool:
+        """Whether the writer goes on past its high-water mark because the format holds
+        the channel's bytes back itself until the peer finishes something that needs the
+        application to go on (a Streamux response waits for the end of its request:
+        ``Engine.may_hold``). Past the format's bound for that, the channel is reset (and
+        True: nothing to pause)."""
+        try:
+            hold = self.engine.may_hold(channel.handle, channel.buffered)
+        except LimitExceeded as exc:
+            problem = str(exc).removeprefix(f"{self.format}: ")
+            self._engine_reset(channel, problem)
+            self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
+            return True
+        if hold and not channel.holding:
+            # Held back, it counts in full towards max_session_memory (the format's own
+            # limits apply too); past the budget, the largest such channel is reset rather
+            # than reading paused, which would hold back the very request it waits for.
+            channel.holding = True
+            self._hold(channel.buffered - min(channel.buffered, self._unsent_cap))
+        return hold
 
     # -- bounds: reading paused, the memory budget, send_timeout ----------------------------
 
@@ -938,6 +969,23 @@ class SessionCore:
         self._held += n
         if self._held > self._hold_limit:
             self._block_reading(_BUDGET, True)
+            self._drop_holders()
+
+    def _drop_holders(self) -> None:
+        """Over the budget while channels hold bytes the format keeps back (Streamux
+        responses waiting for their request's end): reading paused would never let the
+        requests end, so reset the largest of them until the session is within its budget."""
+        while self._held > self._hold_limit:
+            holders = [ch for ch in self.channels.values() if ch.holding]
+            if not holders:
+                return
+            channel = max(holders, key=lambda ch: ch.buffered)
+            problem = (
+                f"it held {channel.buffered} bytes back for the format, and the session holds more "
+                f"than max_session_memory={self.config.max_session_memory}"
+            )
+            self._engine_reset(channel, problem)
+            self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
 
     def _release(self, n: int) -> None:
         self._held -= n
@@ -1082,7 +1130,7 @@ class SessionCore:
         if channel.buffered:
             n, channel.buffered = channel.buffered, 0
             self._sent(n)
-            self._release(min(n, self._unsent_cap))
+            self._release(n if channel.holding else min(n, self._unsent_cap))
 
     def _finish(
         self,

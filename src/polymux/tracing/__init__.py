@@ -9,7 +9,10 @@
   file (tcpdump, tshark) into the same chunks.
 * :func:`decode_chunks` decodes chunks with the :mod:`polymux.wire` codecs into
   :class:`FrameRecord` rows (:data:`FRAME_FIELDS`), passively: never raises on bad input.
-* :func:`detect_format` guesses the format from the first bytes of each direction.
+* :func:`detect` tells the format from the first bytes of each direction (with the
+  evidence, a confidence, and "ambiguous: mplex or multiplex" where the bytes cannot
+  tell); :func:`decode_flow` decodes a connection as the detected format, retrying the
+  other candidates when it fails early; :func:`detect_format` is the short form.
 
 The file format and the record fields are documented in ``docs/tracing.md``. Nothing here
 imports pyspark; pyarrow (captures) and dpkt (pcap) are imported when used.
@@ -26,7 +29,17 @@ from polymux.tracing.capture import (
     read_session,
 )
 from polymux.tracing.decode import FrameDecoder, decode_chunks
-from polymux.tracing.detect import detect_format
+from polymux.tracing.detect import (
+    DecodedFlow,
+    Detection,
+    decode_flow,
+    detect,
+    detect_chunks,
+    detect_format,
+    forced_format,
+    heads,
+    parse_protocols,
+)
 from polymux.tracing.pcap import Flow, read_pcap, read_pcap_bytes
 from polymux.tracing.records import C2S, FRAME_FIELDS, FRAME_TYPES, S2C, Chunk, FrameRecord, frame_schema
 
@@ -40,12 +53,20 @@ __all__ = [
     "Capture",
     "CaptureRecorder",
     "Chunk",
+    "DecodedFlow",
+    "Detection",
     "Flow",
     "FrameDecoder",
     "FrameRecord",
     "decode_chunks",
+    "decode_flow",
+    "detect",
+    "detect_chunks",
     "detect_format",
+    "forced_format",
     "frame_schema",
+    "heads",
+    "parse_protocols",
     "read_capture",
     "read_capture_bytes",
     "read_pcap",

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from polymux.engine.omnistreams import decode_metadata
 from polymux.exceptions import ProtocolError
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord
 from polymux.wire import PROTOCOLS
@@ -75,6 +76,8 @@ class _Tracker:
     def __init__(self, decoder: FrameDecoder) -> None:
         self.decoder = decoder
         self.fmt = decoder.format
+        self.channel_names: dict[str, str] = {}
+        """Channel key -> name, from the frame that opened the channel (formats with names)."""
 
     def codec(self, direction: str) -> _Codec:
         """A fresh codec for ``direction`` in its state at the last frame boundary."""
@@ -124,6 +127,7 @@ class _Tracker:
             credit_dir,
             ping_id,
             error,
+            self.channel_names.get(channel) if channel else None,
         )
 
 
@@ -195,7 +199,7 @@ class _YamuxTracker(_Tracker):
             return [
                 FrameRecord(
                     dec.session, direction, time_ns, self.fmt, offset, str(sid), "data", length, 0,
-                    left, direction, None, None,
+                    left, direction, None, None, None,
                 )
             ]  # fmt: skip
         rec = self.rec
@@ -326,7 +330,8 @@ class _MStreamTracker(_Tracker):
             return [rec(direction, time_ns, offset, channel, "data", n, code, credit.left, direction)]
         try:
             if code == 0:  # Offer: the opener's receive window is the other side's credit
-                _name, window = wire.decode_offer(self.version, payload)
+                name, window = wire.decode_offer(self.version, payload)
+                self.channel_names[channel] = name
                 if not flow:
                     return [rec(direction, time_ns, offset, channel, "open", n, code)]
                 grant = self.credit[(channel, other)] = _Credit(
@@ -429,8 +434,14 @@ class _MplexTracker(_Tracker):
         flag = item.flag
         opener = direction if flag % 2 == 0 else _OTHER[direction]
         key = f"{_PREFIX[opener]}{item.stream_id}"
-        channel = self.names.new(key) if flag == 0 else self.names.get(key)
         body = item.body
+        if flag == 0:
+            channel = self.names.new(key)
+            # multiplex names a stream by its id when the NewStream body is empty
+            name = bytes(body).decode("utf-8", "replace")
+            self.channel_names[channel] = name or (str(item.stream_id) if self.fmt == "multiplex" else "")
+        else:
+            channel = self.names.get(key)
         error = None
         if flag >= 5 and body:
             error = bytes(body).decode("utf-8", "replace")
@@ -674,6 +685,10 @@ class _OmniTracker(_Tracker):
         if kind is K.CREATE:
             channel = self.names.new(key)
             self.credit[channel] = _Credit(0)
+            meta = decode_metadata(item.payload)
+            if meta is not None and "name" in meta:
+                value = meta["name"]
+                self.channel_names[channel] = value if isinstance(value, str) else str(value)
             return [rec(direction, time_ns, offset, channel, "open", n, flags)]
         channel = self.names.get(key)
         credit = self.credit.setdefault(channel, _Credit(0))

@@ -48,6 +48,7 @@ FRAME_FIELDS: list[tuple[str, str]] = [
     ("credit_dir", "str"),
     ("ping_id", "int64 | None"),
     ("error", "str | None"),
+    ("channel_name", "str | None"),
 ]
 """The frame record's fields ``(name, type)``, in order (the versioned contract)."""
 
@@ -116,6 +117,11 @@ class FrameRecord(NamedTuple):
     error: str | None
     """The violation (``violation``, ``truncated``), or the error a frame carries (a reset
     or go-away with an error text or code)."""
+    channel_name: str | None = None
+    """The channel's name, on every record of the channel, where the format names channels
+    (MultiplexingStream Offer, mplex/multiplex NewStream, omnistreams creation metadata
+    ``name``); ``None`` for formats without names (yamux, Streamux), session-level records
+    and channels whose opening frame is not in the capture."""
 
 
 def frame_schema() -> pa.Schema:
