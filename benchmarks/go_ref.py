@@ -5,6 +5,10 @@ same format.
 * yamux: hashicorp/yamux (Debian ``golang-github-hashicorp-yamux-dev``, snapshot df201c7,
   library defaults: 256 KiB windows, accept backlog 256), through the interop peer
   ``tests/interop/go/yamux_peer`` (``--mode bench`` into a ``--mode responder --no-tap``).
+* smux, smux-v2: xtaci/smux (Debian ``golang-github-xtaci-smux-dev`` 1.5.16, library
+  defaults but the protocol version: 32 KiB frames, 4 MiB session receive buffer, in version
+  2 64 KiB stream windows), through ``tests/interop/go/smux_peer`` (the same modes, with
+  ``--version 1`` or ``2`` on both sides).
 
 The same bulk shape as polymux's rows: N streams of one session move SIZE bytes in all
 (SIZE/N each) in 64 KiB writes; the receiver counts and answers one byte per stream. The
@@ -29,8 +33,12 @@ from benchmarks.common import SETUP_TIMEOUT, BenchError, reap
 
 ROOT = Path(__file__).resolve().parent.parent
 
-GO_PEERS = {"yamux": "yamux_peer"}
-"""Formats with a Go reference row, and the Go peer that drives the library."""
+GO_PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "yamux": ("yamux_peer", ()),
+    "smux": ("smux_peer", ("--version", "1")),
+    "smux-v2": ("smux_peer", ("--version", "2")),
+}
+"""Formats with a Go reference row: the Go peer that drives the library, and its options."""
 GO_FORMATS = tuple(GO_PEERS)
 
 
@@ -51,7 +59,7 @@ def _gobuild() -> ModuleType:
 
 
 def _peer(fmt: str) -> Path:
-    path: Path = _gobuild().build(GO_PEERS[fmt])
+    path: Path = _gobuild().build(GO_PEERS[fmt][0])
     return path
 
 
@@ -74,9 +82,10 @@ async def go_bulk(
     MiB/s. With ``cpus`` the sender runs on the first and the receiver on the second, as
     polymux's sender and receiver do."""
     binary = str(_peer(fmt))
+    options = GO_PEERS[fmt][1]
     timeout_ms = str(int((time_limit + SETUP_TIMEOUT) * 1000))
     listener = await asyncio.create_subprocess_exec(
-        binary, "--listen", "--tcp", "0", "--mode", "responder", "--no-tap", "--timeout-ms", timeout_ms,
+        binary, "--listen", "--tcp", "0", "--mode", "responder", "--no-tap", *options, "--timeout-ms", timeout_ms,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
         preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, {cpus[1]}),
@@ -89,7 +98,7 @@ async def go_bulk(
         if first[:1] != ["LISTENING"]:
             raise BenchError(f"the Go {fmt} listener did not start: {first}")
         driver = await asyncio.create_subprocess_exec(
-            binary, "--connect", "--tcp", first[1], "--mode", "bench",
+            binary, "--connect", "--tcp", first[1], "--mode", "bench", *options,
             "--channels", str(channels), "--size", str(size // channels), "--timeout-ms", timeout_ms,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

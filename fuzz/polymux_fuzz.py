@@ -291,6 +291,10 @@ def _decoder(fmt: str, ctl: int) -> tuple[object, int]:
         size = 64 * 1024
         numbering = omnistreams.NUMBERINGS["legacy" if fmt.endswith("legacy") else "spec"]
         return _OmniDecoder(omnistreams.LengthPrefixDecoder(size), numbering), size + 4
+    if fmt in ("smux", "smux-v2"):
+        from polymux.wire import smux
+
+        return smux.Decoder(1 if fmt == "smux" else 2, fmt), smux.HEADER_SIZE + smux.MAX_PAYLOAD
     raise AssertionError(f"no codec harness for {fmt!r}: add one to fuzz/polymux_fuzz.py")
 
 

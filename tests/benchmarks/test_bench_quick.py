@@ -152,7 +152,8 @@ def test_node_reference_rows_move_the_bytes() -> None:
     assert all(r > 0 for r in rates), rates
 
 
-def test_go_reference_rows_move_the_bytes() -> None:
+@pytest.mark.parametrize("fmt", ["yamux", "smux", "smux-v2"])
+def test_go_reference_rows_move_the_bytes(fmt: str) -> None:
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks.go_ref import go_available, go_bulk
@@ -162,7 +163,7 @@ def test_go_reference_rows_move_the_bytes() -> None:
 
     async def both() -> list[float]:
         async with asyncio.timeout(60):
-            return [await go_bulk("yamux", 1 << 20, n, 30.0) for n in (1, 4)]
+            return [await go_bulk(fmt, 1 << 20, n, 30.0) for n in (1, 4)]
 
     rates = asyncio.run(both())
     assert all(r > 0 for r in rates), rates

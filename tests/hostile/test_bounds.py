@@ -219,6 +219,10 @@ def _violation(peer: RawPeer) -> bytes:
 
         n = peer.engine.negotiated  # type: ignore[attr-defined]
         return streamux.encode_header(n, 5, 0, True, True)  # a response to a request never sent
+    if fmt in ("smux", "smux-v2"):
+        from polymux.wire import smux
+
+        return smux.encode_header(1 if fmt == "smux" else 2, 7, 3)  # an unknown command
     return b"\xff\xff\xff\xff"  # omnistreams: a message longer than any allowed
 
 

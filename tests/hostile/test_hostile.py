@@ -298,6 +298,11 @@ def _giant(fmt: str, peer: HostilePeer) -> bytes:
 
         n = engine.negotiated  # type: ignore[attr-defined]
         return streamux.encode_header(n, 0, n.max_length, False, False)
+    if fmt in ("smux", "smux-v2"):
+        # The largest a u16 holds, on a stream never opened.
+        from polymux.wire import smux
+
+        return smux.encode_header(1 if fmt == "smux" else 2, smux.Cmd.PSH, 1, smux.MAX_PAYLOAD)
     raise AssertionError(f"no giant length field for {fmt}: add one")
 
 

@@ -37,6 +37,10 @@ def make_engine(protocol: str, config: SessionConfig | None = None, *, is_client
 
         numbering = "legacy" if protocol == "omnistreams-legacy" else None
         return OmnistreamsEngine(config, numbering=numbering)
+    if protocol in ("smux", "smux-v2"):
+        from polymux.engine.smux import SmuxEngine
+
+        return SmuxEngine(2 if protocol == "smux-v2" else 1, config, is_client=is_client)
     if protocol in ("mplex", "multiplex"):
         from polymux.engine.mplex import MplexEngine
 

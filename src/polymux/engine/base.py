@@ -89,6 +89,10 @@ class Engine(ABC):
     session bounds the opens awaiting it (``max_unacked_opens``, ``stream_open_timeout``)."""
     has_ping: bool = False
     """True when the format has pings (:meth:`ping`, a ``PingAcked`` event)."""
+    ping_answered: bool = True
+    """True when the peer answers :meth:`ping` (yamux, Streamux). False when nothing answers
+    the format's keepalive frame (smux's NOP): the next whole frame from the peer
+    acknowledges the ping instead, so an idle peer's own keepalive is the answer."""
     one_way: bool = False
     """True when channels carry data from their opener to their acceptor only
     (omnistreams): the opener's reader and the acceptor's writer refuse."""

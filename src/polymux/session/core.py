@@ -328,8 +328,8 @@ class SessionCore:
         if self._ping_due is not None and now >= self._ping_due and self._ka_opaque is None:
             self._ping_due = None
             if self._ready and not self.closing:
-                self._ka_opaque = self.ping(now)
-                self._ka_deadline = now + self.config.keepalive_timeout
+                self._ka_opaque = self.ping(now, by_application=False)
+                self._ka_deadline = now + self._ka_timeout()
                 self._ka_waited = 0.0
                 self._ka_mark = unsent
         timeout = self.config.idle_timeout
@@ -470,11 +470,12 @@ class SessionCore:
                 self._add_timer(self._now + config.stream_open_timeout, _OPEN, handle)
         return handle
 
-    def ping(self, now: float) -> int:
+    def ping(self, now: float, *, by_application: bool = True) -> int:
         """Send a ping; a :class:`~ce.PingAnswered` event follows. Formats without pings
-        raise :class:`PolymuxError`."""
-        if not self.engine.has_ping:
-            raise PolymuxError(f"{self.format} has no ping")
+        raise :class:`PolymuxError`, and so do formats whose ping nothing answers (smux's
+        NOP) when the application asks: there is no round trip to measure."""
+        if not self.engine.has_ping or (by_application and not self.engine.ping_answered):
+            raise PolymuxError(f"{self.format} has no ping (nothing answers its keepalive)")
         self.engine.now = now
         opaque = self.engine.ping()
         self._pings[opaque] = now
@@ -749,7 +750,7 @@ class SessionCore:
         self._handshake_at = None
         self._events.append(ce.Ready())
         if self.engine.has_ping:
-            self.ping(now)  # at once: the RTT drives window tuning
+            self.ping(now, by_application=False)  # at once: the RTT drives window tuning
             if self._keepalive:
                 self._ping_due = now + (self.config.keepalive_interval or 0.0)
 
@@ -1030,12 +1031,21 @@ class SessionCore:
             )
         )
 
+    def _ka_timeout(self) -> float:
+        """How long the keepalive waits for its answer. Nothing answers a ping of some
+        formats (smux's NOP): the peer's next frame does, and an idle peer sends one only
+        every ITS keepalive interval (xtaci/smux: 10 s), so one interval of ours more."""
+        timeout = self.config.keepalive_timeout
+        if not self.engine.ping_answered:
+            timeout += self.config.keepalive_interval or 0.0
+        return timeout
+
     def _check_keepalive(self, now: float, unsent: int) -> None:
         """The keepalive ping's deadline passed. Only an answer proves the peer alive (a
         trickle of bytes does not). A busy peer's answer may sit behind what it sent before
         it (full socket reads), and our ping behind what we send (our unsent bytes shrink as
         the peer reads): wait longer then, but never past 4 x keepalive_timeout in all."""
-        timeout = self.config.keepalive_timeout
+        timeout = self._ka_timeout()
         self._ka_waited += timeout
         if self._ka_waited < 4 * timeout:
             busy = now - self._last_busy < timeout
@@ -1049,7 +1059,7 @@ class SessionCore:
         self._fail(
             SessionClosed(
                 f"{self.format}: keepalive failed: no answer to a ping within "
-                f"{self._ka_waited:g} s (keepalive_timeout={timeout:g})"
+                f"{self._ka_waited:g} s (keepalive_timeout={self.config.keepalive_timeout:g})"
             )
         )
 

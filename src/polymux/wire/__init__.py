@@ -15,5 +15,7 @@ PROTOCOLS = (
     "streamux",
     "omnistreams",
     "omnistreams-legacy",
+    "smux",
+    "smux-v2",
 )
 """Protocol names polymux speaks (``protocol=``)."""

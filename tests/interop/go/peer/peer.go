@@ -352,3 +352,82 @@ func MiBPerS(size int64, d time.Duration) float64 {
 	}
 	return float64(size) / (1 << 20) / s
 }
+
+// Feeder takes the bytes of one direction of a connection (a peer's wire tap).
+type Feeder interface {
+	Feed(b []byte)
+	// Close: the connection ended (waits on the tap give up).
+	Close()
+}
+
+// TappedConn hands every byte read to RX and every byte written to TX (taps independent of
+// the library); RX is closed when reading fails.
+type TappedConn struct {
+	net.Conn
+	RX, TX Feeder
+}
+
+func (c *TappedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.RX.Feed(b[:n])
+	}
+	if err != nil {
+		c.RX.Close()
+	}
+	return n, err
+}
+
+func (c *TappedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if n > 0 {
+		c.TX.Feed(b[:n])
+	}
+	return n, err
+}
+
+// Bulk is the bench mode's transfer (Go to Go throughput): open (the library's OpenStream)
+// --channels streams named `bulk/<size>`, then, timed, write --size bytes on each in 64 KiB
+// writes and wait for each one's 0x01 reply. Failures go to fails. Returns the time and the
+// streams opened (the caller closes them, then the session).
+func Bulk(p *Peer, fails *Failures, open func() (io.ReadWriteCloser, error)) (time.Duration, []io.ReadWriteCloser) {
+	o := p.Opts
+	streams := make([]io.ReadWriteCloser, 0, o.Channels)
+	for i := 0; i < o.Channels; i++ {
+		st, err := open()
+		if err == nil {
+			_, err = st.Write([]byte(fmt.Sprintf("bulk/%d\n", o.Size)))
+		}
+		if err != nil {
+			fails.Add(p, "bulk/%d: open: %v", i, err)
+			break
+		}
+		streams = append(streams, st)
+	}
+	buf := make([]byte, 64*1024)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, st := range streams {
+		wg.Add(1)
+		go func(i int, st io.ReadWriteCloser) {
+			defer wg.Done()
+			for left := o.Size; left > 0; {
+				k := len(buf)
+				if k > left {
+					k = left
+				}
+				if _, err := st.Write(buf[:k]); err != nil {
+					fails.Add(p, "bulk/%d: write: %v", i, err)
+					return
+				}
+				left -= k
+			}
+			var one [1]byte
+			if _, err := io.ReadFull(st, one[:]); err != nil || one[0] != 1 {
+				fails.Add(p, "bulk/%d: no confirmation (%v)", i, err)
+			}
+		}(i, st)
+	}
+	wg.Wait()
+	return time.Since(start), streams
+}

@@ -145,7 +145,7 @@ func main() {
 		}
 		rx, tx := newTap(), newTap()
 		if !noTap && p.Opts.Mode != "bench" {
-			conn = &tappedConn{Conn: conn, rx: rx, tx: tx}
+			conn = &peer.TappedConn{Conn: conn, RX: rx, TX: tx}
 		}
 		var sess *yamux.Session
 		var err error
@@ -635,44 +635,7 @@ func (r *run) goAwayCheck() string {
 
 func (r *run) bench() bool {
 	o := r.p.Opts
-	streams := make([]*yamux.Stream, 0, o.Channels)
-	for i := 0; i < o.Channels; i++ {
-		st, err := r.sess.OpenStream()
-		if err == nil {
-			_, err = st.Write([]byte(fmt.Sprintf("bulk/%d\n", o.Size)))
-		}
-		if err != nil {
-			r.fails.Add(r.p, "bulk/%d: open: %v", i, err)
-			break
-		}
-		streams = append(streams, st)
-	}
-	buf := make([]byte, 64*1024)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, st := range streams {
-		wg.Add(1)
-		go func(i int, st *yamux.Stream) {
-			defer wg.Done()
-			for left := o.Size; left > 0; {
-				k := len(buf)
-				if k > left {
-					k = left
-				}
-				if _, err := st.Write(buf[:k]); err != nil {
-					r.fails.Add(r.p, "bulk/%d: write: %v", i, err)
-					return
-				}
-				left -= k
-			}
-			var one [1]byte
-			if _, err := io.ReadFull(st, one[:]); err != nil || one[0] != 1 {
-				r.fails.Add(r.p, "bulk/%d: no confirmation (%v)", i, err)
-			}
-		}(i, st)
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, streams := peer.Bulk(r.p, &r.fails, func() (io.ReadWriteCloser, error) { return r.sess.OpenStream() })
 	for _, st := range streams {
 		st.Close()
 	}
@@ -746,7 +709,7 @@ func flagText(f uint16) string {
 	return strings.Join(n, "|")
 }
 
-func (t *tap) feed(b []byte) {
+func (t *tap) Feed(b []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.s.Bytes += int64(len(b))
@@ -821,7 +784,7 @@ func (t *tap) frame() {
 	}
 }
 
-func (t *tap) close() {
+func (t *tap) Close() {
 	t.mu.Lock()
 	t.closed = true
 	t.cond.Broadcast()
@@ -885,28 +848,4 @@ func (t *tap) snapshot() tapStats {
 	}
 	s.GoAway = append([]uint32{}, t.s.GoAway...)
 	return s
-}
-
-type tappedConn struct {
-	net.Conn
-	rx, tx *tap
-}
-
-func (c *tappedConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if n > 0 {
-		c.rx.feed(b[:n])
-	}
-	if err != nil {
-		c.rx.close()
-	}
-	return n, err
-}
-
-func (c *tappedConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	if n > 0 {
-		c.tx.feed(b[:n])
-	}
-	return n, err
 }

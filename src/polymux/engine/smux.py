@@ -1,0 +1,378 @@
+"""Sans-I/O smux engine (xtaci/smux protocol versions 1 and 2; PROTOCOL-NOTES A6).
+
+Rules, read from xtaci/smux 1.5.16 (Debian's) and v1.5.57 (``session.go``, ``stream.go``):
+
+* The version is configured, not negotiated: ``protocol="smux"`` is version 1 (xtaci's
+  default), ``"smux-v2"`` version 2; a frame of the other version is a protocol error.
+* Stream ids: the client (the connecting side) opens odd ids from 3, the server even ids
+  from 2 (every xtaci release since v1.0.7; before it the server began at 4). Any id of the
+  peer's parity is accepted; a SYN for an id of ours, or for an open stream, is a protocol
+  error. Ids are never reused: at the end of the 32-bit space no stream can be opened.
+* Nothing acknowledges an open: a stream is usable once its SYN is sent. smux has no names.
+* FIN is the only end, and ends its sender's writing (a half-close); once both sides sent
+  one the stream is gone. smux has no reset: :meth:`SmuxEngine.reset_channel` and
+  :meth:`SmuxEngine.reject_channel` send FIN and forget the stream, and what the peer sends
+  on it afterwards is dropped (xtaci does the same after ``Close()``).
+* Received data always reaches the application: every byte goes out as an event before the
+  ``ChannelEnded`` / ``ChannelClosed`` of its stream, also after our own FIN (xtaci v1.5.54 and
+  later discard unread bytes when the peer's FIN meets their ``CloseWrite()``; we never do).
+* Version 1 has no flow control on the wire (xtaci bounds a session-wide receive buffer by
+  not reading the connection): :attr:`SmuxEngine.has_flow_control` is False and the session's
+  slow-reader policy bounds memory, as for mplex.
+* Version 2: a sender may have 256 KiB in flight on a stream before it hears from the
+  receiver; then ``UPD(consumed, window)`` says how many bytes the receiver has consumed in
+  all (modulo 2**32) and its window, so the sender may have ``window - (sent - consumed)``
+  more in flight. A window may shrink (xtaci announces 64 KiB by default). Our window is
+  ``receive_window`` within half the session's memory budget (down to 64 KiB: a budget full
+  of windows would stop the session reading, and with it the credit that our own writes
+  wait for), announced by a UPD right after SYN or at accept; what the peer may have sent
+  on its first guess of 256 KiB shrinks to our window as we acknowledge. Credit goes back
+  as the application consumes, batched (``max(ack_min, window / 8)``), encoded when the
+  output is taken and never for a stream whose FIN arrived. Data beyond what we allowed is a
+  :class:`~polymux.exceptions.FlowControlError`; a UPD that says more was consumed than was
+  sent is a protocol error.
+* Keepalive is NOP, and nothing answers a NOP: :meth:`SmuxEngine.ping` sends one, and the
+  next whole frame from the peer (its own NOP every ``KeepAliveInterval``, 10 s in xtaci, or
+  anything else) acknowledges every ping outstanding. So :attr:`SmuxEngine.ping_answered`
+  is False and the session allows one more keepalive interval for it. xtaci closes a session
+  that received nothing for ``KeepAliveTimeout`` (30 s): our NOPs keep it open.
+* Frames for a stream that is gone (FIN, PSH, UPD) are dropped, as xtaci drops them; so is
+  data after the peer's FIN (xtaci's own writers can send frames after their FIN when a
+  stream is closed while a write is under way). A frame for an id that was never opened is a
+  protocol error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from polymux._types import BytesLike
+from polymux.config import SessionConfig
+from polymux.engine.base import DataRuns, Engine, run_size
+from polymux.engine.channel import ChannelRecord
+from polymux.engine.events import (
+    ChannelClosed,
+    ChannelEnded,
+    ChannelOpened,
+    CreditAvailable,
+    Event,
+    PingAcked,
+)
+from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
+from polymux.exceptions import FlowControlError, ProtocolError
+from polymux.wire import smux as wire
+from polymux.wire.smux import Cmd
+
+
+__all__ = ["SmuxEngine", "SmuxRecord"]
+
+_MASK = 0xFFFFFFFF
+
+
+@dataclass(slots=True, eq=False)
+class SmuxRecord(ChannelRecord):
+    """A stream's record with smux version 2's counters."""
+
+    peer_consumed: int = 0
+    """The ``consumed`` of the peer's last UPD (modulo 2**32)."""
+    acked: int = 0
+    """Bytes we have reported consumed (our UPDs carry it modulo 2**32)."""
+    window: int = 0
+    """The receive window we announce (our UPDs carry it)."""
+
+
+class SmuxEngine(Engine):
+    """One side of an smux session.
+
+    Args:
+        version: the protocol version, 1 or 2 (both ends must use the same).
+        config: ``send_frame`` (capped at 65,535), and for version 2 ``receive_window``,
+            ``ack_min`` and ``max_session_memory``.
+        is_client: the connecting side (odd stream ids); the listener is the server.
+    """
+
+    needs_acceptance = False
+    has_ping = True
+    ping_answered = False
+
+    def __init__(
+        self, version: int = 1, config: SessionConfig | None = None, *, is_client: bool = True
+    ) -> None:
+        super().__init__()
+        if version not in wire.VERSIONS:
+            raise ValueError(f"smux protocol version must be 1 or 2, got {version!r}")
+        self.version = version
+        self.format = "smux" if version == 1 else "smux-v2"
+        self.has_flow_control = version == 2
+        self.config = config or SessionConfig()
+        self.is_client = is_client
+        self.max_frame = min(self.config.send_frame, wire.MAX_PAYLOAD)
+        self._decoder = wire.Decoder(version, self.format)
+        self._by_id: dict[int, SmuxRecord] = {}
+        self._next_id = 3 if is_client else 2
+        self._peer_max = -1  # the highest id the peer opened
+        self._pings: list[int] = []  # outstanding pings, oldest first
+        self._next_ping = 1
+        self._credit: dict[int, SmuxRecord] = {}  # handle -> stream with a UPD due
+        self._granted = 0  # receive windows of live streams, summed (max_session_memory)
+
+    @property
+    def ready(self) -> bool:
+        """smux has no handshake."""
+        return True
+
+    def data_to_send(self) -> list[BytesLike]:
+        """Return (and forget) the byte chunks to write, in order; UPDs due go last, one per
+        stream, and none for a stream whose FIN arrived since."""
+        if self._credit:
+            out = self._out
+            channels = self._channels
+            for record in self._credit.values():
+                if not record.remote_end and record.handle in channels:
+                    out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
+            self._credit.clear()
+        return super().data_to_send()
+
+    @property
+    def has_output(self) -> bool:
+        """Whether :meth:`data_to_send` has anything."""
+        return bool(self._out or self._credit)
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
+        if self.closed:
+            raise self._error("received data after the session ended")
+        events: list[Event] = []
+        by_id = self._by_id
+        runs = DataRuns(events)
+        try:
+            frames = self._decoder.feed(data)
+            for cmd, stream_id, body in frames:
+                if cmd == Cmd.PSH:
+                    record = by_id.get(stream_id)
+                    if record is not None and not record.remote_end:
+                        n = len(body)
+                        if n:
+                            recv = record.recv
+                            if recv is not None and not recv.received(n):
+                                raise self._overrun(record, n)
+                            runs.add(record, body, n)
+                        continue
+                    self._check_known(stream_id, "PSH")
+                    continue  # gone, or data after its FIN: dropped
+                runs.flush()
+                self._on_frame(cmd, stream_id, body, events)
+            runs.flush()
+        except ProtocolError:
+            self.closed = True
+            raise
+        if frames and self._pings:
+            # Any whole frame is the peer's sign of life: nothing answers a NOP.
+            events.extend(PingAcked(opaque) for opaque in self._pings)
+            self._pings.clear()
+        return events
+
+    def _unfinished_input(self) -> tuple[int, str] | None:
+        pending = self._decoder.pending
+        if not pending:
+            return None
+        where = self._decoder.partial_stream()
+        return pending, "frame" + (f" on stream {where}" if where is not None else "")
+
+    def _on_frame(self, cmd: int, stream_id: int, body: BytesLike, events: list[Event]) -> None:
+        if cmd == Cmd.NOP:
+            return
+        if cmd == Cmd.SYN:
+            self._on_syn(stream_id, events)
+            return
+        record = self._by_id.get(stream_id)
+        if record is None:
+            self._check_known(stream_id, Cmd(cmd).name)
+            return  # a stream that is gone: dropped
+        if cmd == Cmd.FIN:
+            if record.remote_end:
+                return  # xtaci sends a second FIN on Close() after CloseWrite()
+            record.remote_end = True
+            events.append(ChannelEnded(record.handle))
+            if record.local_end:
+                self._forget(record)
+                events.append(ChannelClosed(record.handle))
+            return
+        # UPD (the decoder lets it through in version 2 only)
+        consumed, window = wire.decode_upd(body)
+        send = record.send
+        was_blocked = send.available == 0
+        delta = (consumed - record.peer_consumed) & _MASK
+        if not send.release(delta):
+            raise self._error(
+                f"UPD on stream {stream_id} says {delta} more bytes were consumed, "
+                f"but {send.in_flight} were in flight"
+            )
+        record.peer_consumed = consumed
+        # An absolute window that may also shrink (no arithmetic: the peer's value).
+        send.window = window
+        if was_blocked and send.available:
+            events.append(CreditAvailable(record.handle))
+
+    def _on_syn(self, stream_id: int, events: list[Event]) -> None:
+        if (stream_id % 2 == 1) == self.is_client:
+            raise self._error(
+                f"SYN for stream {stream_id}, an id of our parity (the client opens odd ids, the server even)"
+            )
+        if stream_id in self._by_id:
+            raise self._error(f"SYN for stream {stream_id}, which is already open")
+        self._peer_max = max(self._peer_max, stream_id)
+        record = self._new_record(stream_id, local=False)
+        events.append(ChannelOpened(record.handle, record.name))
+
+    def _check_known(self, stream_id: int, what: str) -> None:
+        """A frame for ``stream_id``, which is not live: fine if it was open once (the frame
+        raced with our FIN, or followed the peer's), a protocol error if it never was."""
+        ours = (stream_id % 2 == 1) == self.is_client
+        if stream_id >= self._next_id if ours else stream_id > self._peer_max:
+            raise self._error(f"{what} frame for stream {stream_id}, which was never opened")
+
+    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
+        assert record.recv is not None
+        self.closed = True
+        return FlowControlError(
+            self.format,
+            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} bytes > "
+            f"window {record.recv.window}",
+        )
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
+        """Open a stream (SYN; in version 2 also our window, if it is not the 256 KiB the
+        peer assumes); usable at once. ``name`` stays local and ``extra`` is ignored: smux
+        carries neither names nor metadata."""
+        stream_id = self._next_id
+        if stream_id > _MASK:
+            raise RuntimeError(f"{self.format}: stream ids are exhausted (ids are 32-bit)")
+        self._next_id += 2
+        record = self._new_record(stream_id, local=True, name=name)
+        record.accepted = True
+        self._out.append(wire.encode_header(self.version, Cmd.SYN, stream_id))
+        self._announce(record)
+        return record.handle
+
+    def accept_channel(self, channel: int) -> None:
+        """Accept an incoming stream (nothing on the wire but, in version 2, our window)."""
+        record = cast(SmuxRecord, self._record(channel))
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        record.accepted = True
+        self._announce(record)
+
+    def reject_channel(self, channel: int) -> None:
+        """Refuse an incoming stream: FIN (smux has no reset), and forget it."""
+        record = cast(SmuxRecord, self._record(channel))
+        if record.local_origin or record.accepted:
+            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+        self._fin(record)
+        self._forget(record)
+
+    def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
+        """Queue PSH frames of at most :attr:`max_frame` bytes (views of ``data``)."""
+        record = self._writable(channel)
+        total = run_size(data, more)
+        record.send.consume(total)
+        if total:
+            sid, version = record.wire_id, self.version
+            self._queue_frames(
+                record, data, more, total, lambda size: wire.encode_header(version, Cmd.PSH, sid, size)
+            )
+
+    def end_channel(self, channel: int) -> bool:
+        """Half-close (FIN); the stream is gone once the peer's FIN came too."""
+        record = cast(SmuxRecord, self._record(channel))
+        if record.local_end:
+            return False
+        self._fin(record)
+        if record.remote_end:
+            self._forget(record)
+            return True
+        return False
+
+    def reset_channel(self, channel: int, message: str | None = None) -> None:
+        """End the stream abnormally: smux has no reset (nor a message), so FIN unless sent
+        already, and forget it: what the peer sends on it afterwards is dropped."""
+        record = cast("SmuxRecord | None", self._channels.get(channel))
+        if record is not None:
+            if not record.local_end:
+                self._fin(record)
+            self._forget(record)
+
+    def ack_consumed(self, channel: int, n: int) -> None:
+        """Version 2: return credit (a UPD) once enough is consumed. Version 1: nothing."""
+        record = self._channels.get(channel)
+        if record is None or record.recv is None or record.remote_end:
+            return
+        credit = record.recv.consumed(n)
+        if credit:
+            smux_record = cast(SmuxRecord, record)
+            smux_record.acked += credit
+            self._credit[channel] = smux_record
+            if record.recv.window > smux_record.window:
+                # A window below the 256 KiB the peer starts with: what it may have sent on
+                # that guess shrinks as we acknowledge, down to our window.
+                record.recv.window = max(smux_record.window, wire.INITIAL_PEER_WINDOW - smux_record.acked)
+
+    def ping(self) -> int:
+        """Send a NOP; returns an opaque value. Nothing answers a NOP: the next whole frame
+        from the peer acknowledges it (:class:`~polymux.engine.events.PingAcked`)."""
+        opaque = self._next_ping
+        self._next_ping += 1
+        self._pings.append(opaque)
+        self._out.append(wire.encode_header(self.version, Cmd.NOP, 0))
+        return opaque
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> SmuxRecord:
+        recv: ReceiveWindow | None = None
+        send = SendCredit(None)
+        window = 0
+        if self.version == 2:
+            # Half the session's memory budget for the windows (the other half is for what
+            # we write), so that a peer that keeps to them never makes the session stop
+            # reading: the credit that lets our own writes go comes in by reading.
+            config = self.config
+            window = budget_window(config.receive_window, config.max_session_memory // 2, self._granted)
+            self._granted += window
+            threshold = default_ack_threshold(window, config.ack_min)
+            # Until it hears from us the peer may have 256 KiB in flight, whatever our window.
+            recv = ReceiveWindow(max(window, wire.INITIAL_PEER_WINDOW), threshold)
+            send = SendCredit(wire.INITIAL_PEER_WINDOW)
+        record = SmuxRecord(
+            handle=self._new_handle(),
+            wire_id=stream_id,
+            local_origin=local,
+            name=name or str(stream_id),
+            send=send,
+            recv=recv,
+            window=window,
+        )
+        self._channels[record.handle] = record
+        self._by_id[stream_id] = record
+        return record
+
+    def _announce(self, record: SmuxRecord) -> None:
+        """Version 2: tell the peer our window when it is not the one it assumes."""
+        if record.recv is not None and record.window != wire.INITIAL_PEER_WINDOW:
+            self._out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
+
+    def _fin(self, record: SmuxRecord) -> None:
+        record.local_end = True
+        self._out.append(wire.encode_header(self.version, Cmd.FIN, record.wire_id))
+
+    def _forget(self, record: SmuxRecord) -> None:
+        self._channels.pop(record.handle, None)
+        self._credit.pop(record.handle, None)
+        self._by_id.pop(record.wire_id, None)
+        self._granted -= record.window
