@@ -73,6 +73,8 @@ CORRUPT: dict[str, tuple[Callable[[bytes, int], bytes], str]] = {
         lambda b, at: _set(b, at, bytes(4)),
         "omnistreams: length prefix 0 (a message needs a type byte)",
     ),
+    "smux": (lambda b, at: _set(b, at, b"\x07"), "smux: frame header version is 7, expected 1"),
+    "smux-v2": (lambda b, at: _set(b, at, b"\x07"), "smux-v2: frame header version is 7, expected 2"),
 }
 
 

@@ -26,11 +26,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
+from polymux import formats
 from polymux.aio.client import _ready
 from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
-from polymux.engine import Engine, check_protocol, make_engine
+from polymux.engine import check_protocol
 from polymux.exceptions import ProtocolError
 from polymux.wire import omnistreams as omni_wire
 
@@ -60,14 +61,10 @@ def _make_mux(
     handler: ChannelHandler | None,
     offer_filter: OfferFilter | None,
 ) -> MuxProtocol:
-    engine: Engine
-    if protocol in ("omnistreams", "omnistreams-legacy"):
-        from polymux.engine.omnistreams import OmnistreamsEngine
-
-        numbering = "legacy" if protocol == "omnistreams-legacy" else None
-        engine = OmnistreamsEngine(cfg, numbering=numbering, message_mode=True)
-    else:
-        engine = make_engine(protocol, cfg, is_client=is_client)
+    # Formats that can take one WebSocket message per frame do (omnistreams); the others
+    # run as a byte stream over the messages.
+    fmt = formats.get(protocol)
+    engine = fmt.make_engine(cfg, is_client=is_client, message_mode=fmt.caps.message_transport)
     return MuxProtocol(
         protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter, engine=engine
     )

@@ -270,12 +270,18 @@ class AnyioSession:
     output, a task follows the core's deadlines; channels are :class:`AnyioChannel`."""
 
     def __init__(
-        self, stream: ByteStream, engine: Engine, config: SessionConfig, *, is_client: bool = True
+        self,
+        stream: ByteStream,
+        engine: Engine,
+        config: SessionConfig,
+        *,
+        is_client: bool = True,
+        offer_filter: Callable[[str], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.is_client = is_client
-        self.core = SessionCore(engine, config, _clock())
+        self.core = SessionCore(engine, config, _clock(), offer_filter=offer_filter)
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
         self._offers: dict[int, anyio.Event] = {}
@@ -398,7 +404,7 @@ class AnyioSession:
 
     async def ping(self) -> float:
         """Ping the peer; the round-trip time in seconds (formats with pings)."""
-        self._check()
+        await self._wait_ready()
         opaque = self.core.ping(_clock())
         answered = anyio.Event()
         rtt: list[float] = []
@@ -644,17 +650,21 @@ async def session(
     protocol: str,
     is_client: bool = True,
     config: SessionConfig | None = None,
+    offer_filter: Callable[[str], bool] | None = None,
     **options: Any,
 ) -> AsyncIterator[AnyioSession]:
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
     the ``async with`` block; on either anyio backend.
 
-    ``is_client`` picks the id side for formats where it matters (yamux). ``options`` are
-    :class:`~polymux.SessionConfig` fields.
+    ``is_client`` picks the id side for formats where it matters (yamux).
+    ``offer_filter(name) -> bool`` accepts or refuses the peer's offers. ``options`` are
+    :class:`~polymux.SessionConfig` fields (the same limits, budgets and timeouts as the
+    asyncio API: both drive one :class:`~polymux.session.SessionCore`).
     """
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
-    s = AnyioSession(stream, make_engine(protocol, cfg, is_client=is_client), cfg, is_client=is_client)
+    engine = make_engine(protocol, cfg, is_client=is_client)
+    s = AnyioSession(stream, engine, cfg, is_client=is_client, offer_filter=offer_filter)
     if cfg.capture is not None:
         s._start_capture()
     try:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import polymux
+from polymux import formats
 from polymux._types import BytesLike
-from polymux.engine import make_engine
 
 
 __all__ = [
@@ -177,16 +177,7 @@ def two_way(protocol: str) -> bool:
     """Whether channels of ``protocol`` carry data both ways (False for formats whose
     streams are one-directional, like omnistreams: the opener writes, the acceptor reads).
     """
-    engine = make_engine(protocol)
-    for name in ("two_way", "bidirectional"):
-        value = getattr(engine, name, None)
-        if isinstance(value, bool):
-            return value
-    for name in ("one_way", "unidirectional"):
-        value = getattr(engine, name, None)
-        if isinstance(value, bool):
-            return not value
-    return not protocol.startswith("omnistreams")
+    return not formats.get(protocol).caps.one_way
 
 
 class NoSession(Exception):
@@ -253,8 +244,8 @@ def _mismatch(protocol: str, heads: _Heads, failed: bool = True) -> str | None:
 
 
 def _wire(protocol: str) -> str:
-    # multiplex and mplex are one wire format (detection reports it as mplex).
-    return "mplex" if protocol == "multiplex" else protocol
+    # One wire may carry several formats (mplex and multiplex): detection names the family.
+    return formats.get(protocol).family
 
 
 def peer_mismatch(session: polymux.Session) -> str | None:
@@ -314,7 +305,8 @@ def conversation_options(protocol: str) -> dict[str, Any]:
     answer, more of the request ...): on Streamux, whose responses otherwise wait for the
     end of their request, ``streamux_early_responses`` (a polymux extension: every peer
     must be polymux). Nothing for other formats."""
-    return {"streamux_early_responses": True} if protocol == "streamux" else {}
+    option = formats.get(protocol).caps.conversation_option
+    return {option: True} if option is not None else {}
 
 
 async def listen(address: Address, handler: Any, protocol: str, **kwargs: Any) -> polymux.Server:

@@ -71,6 +71,12 @@ class SendCredit:
             return UNLIMITED
         return max(0, self.window - self.in_flight)
 
+    @property
+    def left(self) -> int:
+        """The window minus what is in flight: negative when a sender overran it (a trace
+        of someone else's traffic shows that; our own sends never do)."""
+        return (self.window or 0) - self.in_flight
+
     def consume(self, n: int) -> None:
         """Account for ``n`` units being sent. Sending past the window is a local bug."""
         if n > self.available:

@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from polymux import formats
+from polymux.engine.flow import SendCredit
 from polymux.engine.omnistreams import decode_metadata
 from polymux.exceptions import ProtocolError
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord
-from polymux.wire import PROTOCOLS
+from polymux.wire._varint import uvarint_size
 
 
 __all__ = ["FrameDecoder", "decode_chunks"]
@@ -134,18 +136,9 @@ class _Tracker:
 # -- credit bookkeeping (what a bystander sees of engine/flow.py's SendCredit) -------------
 
 
-class _Credit:
-    """One direction's send credit on one channel: window minus bytes in flight."""
-
-    __slots__ = ("in_flight", "window")
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.in_flight = 0
-
-    @property
-    def left(self) -> int:
-        return self.window - self.in_flight
+_Credit = SendCredit
+"""One direction's send credit on one channel, as the engines count it (``left``: the
+window minus what is in flight, negative once a sender overran it)."""
 
 
 # -- yamux ---------------------------------------------------------------------------------
@@ -182,7 +175,7 @@ class _YamuxTracker(_Tracker):
         overran it; ``out``: the frame's records so far)."""
         credit = self.credit.get((sid, direction)) or self._credit(sid, direction)
         credit.in_flight += n
-        left = credit.window - credit.in_flight
+        left = credit.left
         if left < 0 and not self.decoder.one_way:
             raise _Violation(
                 f"{self.fmt}: stream {sid} overran its send window: {n} bytes with {left + n} left", out
@@ -269,7 +262,7 @@ class _MStreamTracker(_Tracker):
         from polymux.wire import mstream
 
         self.wire = mstream
-        self.version = int(self.fmt[-1])
+        self.version = int(formats.get(self.fmt).option("version"))
         self.handshaken: set[str] = set()
         self.credit: dict[tuple[str, str], _Credit] = {}
         self.default_window = 5 * mstream.MAX_PAYLOAD  # engine/mstream.DEFAULT_REMOTE_WINDOW
@@ -420,7 +413,9 @@ class _MplexTracker(_Tracker):
         from polymux.wire import mplex
 
         self.wire = mplex
-        self.max_size = mplex.MAX_MESSAGE_SIZE if self.fmt == "mplex" else 16 * 1024 * 1024
+        spec = formats.get(self.fmt)
+        self.max_size = int(spec.option("max_message_size"))
+        self.id_names = bool(spec.option("id_names", False))
         self.names = _Generations()
 
     def codec(self, direction: str) -> _Codec:
@@ -428,7 +423,7 @@ class _MplexTracker(_Tracker):
 
     def size(self, item: Any) -> int:
         n = len(item.body)
-        return _uvarint_size(item.stream_id << 3 | item.flag) + _uvarint_size(n) + n
+        return uvarint_size(item.stream_id << 3 | item.flag) + uvarint_size(n) + n
 
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         flag = item.flag
@@ -439,7 +434,7 @@ class _MplexTracker(_Tracker):
             channel = self.names.new(key)
             # multiplex names a stream by its id when the NewStream body is empty
             name = bytes(body).decode("utf-8", "replace")
-            self.channel_names[channel] = name or (str(item.stream_id) if self.fmt == "multiplex" else "")
+            self.channel_names[channel] = name or (str(item.stream_id) if self.id_names else "")
         else:
             channel = self.names.get(key)
         error = None
@@ -448,14 +443,6 @@ class _MplexTracker(_Tracker):
         return [
             self.rec(direction, time_ns, offset, channel, _MPLEX_TYPES[flag], len(body), flag, error=error)
         ]
-
-
-def _uvarint_size(n: int) -> int:
-    size = 1
-    while n >= 0x80:
-        n >>= 7
-        size += 1
-    return size
 
 
 # -- Streamux ------------------------------------------------------------------------------
@@ -658,7 +645,7 @@ class _OmniTracker(_Tracker):
         from polymux.wire import omnistreams
 
         self.wire = omnistreams
-        self.numbering = omnistreams.LEGACY if self.fmt == "omnistreams-legacy" else omnistreams.SPEC
+        self.numbering = omnistreams.NUMBERINGS[formats.get(self.fmt).option("numbering")]
         self.names = _Generations()
         self.credit: dict[str, _Credit] = {}
 
@@ -714,17 +701,33 @@ class _OmniTracker(_Tracker):
 
 
 def _tracker_class(fmt: str) -> Callable[[FrameDecoder], _Tracker]:
-    if fmt == "yamux":
-        return _YamuxTracker
-    if fmt.startswith("mstream-v"):
-        return _MStreamTracker
-    if fmt in ("mplex", "multiplex"):
-        return _MplexTracker
-    if fmt == "streamux":
-        return _StreamuxTracker
-    if fmt.startswith("omnistreams"):
-        return _OmniTracker
-    raise ValueError(f"unknown format {fmt!r}; polymux decodes: {', '.join(PROTOCOLS)}")
+    spec = formats.get(fmt)
+    if spec.trace is None:
+        return _CodecTracker
+    tracker: Callable[[FrameDecoder], _Tracker] = formats.load(spec.trace)
+    return tracker
+
+
+class _CodecTracker(_Tracker):
+    """The trace of a format whose codec module offers the registry's trace hooks
+    (:mod:`polymux.formats`): ``trace_decoder(format)`` and ``trace_frame(format, frame)``
+    -> ``(size, channel, frame_type, length, flags)``. Credit is not followed."""
+
+    def __init__(self, decoder: FrameDecoder) -> None:
+        super().__init__(decoder)
+        self.wire = formats.get(self.fmt).codec()
+
+    def codec(self, direction: str) -> _Codec:
+        codec: _Codec = self.wire.trace_decoder(self.fmt)
+        return codec
+
+    def size(self, item: Any) -> int:
+        return int(self.wire.trace_frame(self.fmt, item)[0])
+
+    def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
+        _size, channel, frame_type, length, flags = self.wire.trace_frame(self.fmt, item)
+        key = "" if channel is None else str(channel)
+        return [self.rec(direction, time_ns, offset, key, frame_type, length, flags)]
 
 
 class FrameDecoder:

@@ -40,6 +40,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from polymux import formats
 from polymux.exceptions import ProtocolError
 from polymux.tracing.decode import decode_chunks
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord
@@ -295,6 +296,19 @@ def _frame_fits(heads: dict[str, bytes]) -> list[_Fit]:
                     )
                 )
     fits.extend(_mplex_fits(heads))
+    fits.extend(_registry_fits(c2s, s2c))
+    return fits
+
+
+def _registry_fits(c2s: bytes, s2c: bytes) -> list[_Fit]:
+    """Formats whose codec module offers a ``signature`` hook (:mod:`polymux.formats`)."""
+    fits = []
+    for fmt in formats.FORMATS:
+        if fmt.trace is not None:
+            continue  # the formats above, whose rules this module knows
+        found = fmt.codec().signature(fmt.name, c2s, s2c)  # a generic-trace entry's hook
+        if found is not None:
+            fits.append(_Fit(fmt.name, found[0], found[1]))
     return fits
 
 
@@ -377,12 +391,14 @@ def detect(c2s_head: bytes, s2c_head: bytes) -> Detection:
         return Detection(None, evidence=f"no format fits the first bytes ({sample} ...)")
     best = fits[0]
     candidates = tuple(dict.fromkeys(f.format for f in fits))
+    family = formats.get(best.format).family  # formats sharing one wire (mplex, multiplex)
     ambiguous = (
         len(fits) > 1
-        and {fits[0].format, fits[1].format} == {"mplex", "multiplex"}
+        and fits[1].format != best.format
+        and formats.get(fits[1].format).family == family
         and (fits[0].confidence == fits[1].confidence)
     )
-    others = [f.format for f in fits[1:] if {f.format, best.format} != {"mplex", "multiplex"}]
+    others = [f.format for f in fits[1:] if formats.get(f.format).family != family]
     confidence = best.confidence * (0.8 ** len(others))
     evidence = best.evidence + (f"; also fits {', '.join(others)}" if others else "")
     return Detection(best.format, candidates, round(confidence, 3), evidence, ambiguous)

@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
+from polymux.formats import PROTOCOLS
+
 
 __all__ = ["PROTOCOLS"]
-
-PROTOCOLS = (
-    "mstream-v1",
-    "mstream-v2",
-    "mstream-v3",
-    "mplex",
-    "multiplex",
-    "yamux",
-    "streamux",
-    "omnistreams",
-    "omnistreams-legacy",
-    "smux",
-    "smux-v2",
-)
-"""Protocol names polymux speaks (``protocol=``)."""

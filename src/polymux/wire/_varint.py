@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-__all__ = ["Incomplete", "encode_uvarint", "read_uvarint"]
+__all__ = ["Incomplete", "encode_uvarint", "read_uvarint", "uvarint_size"]
 
 
 class Incomplete(Exception):
@@ -25,6 +25,15 @@ def encode_uvarint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def uvarint_size(n: int) -> int:
+    """Bytes :func:`encode_uvarint` takes for ``n``."""
+    size = 1
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
 
 
 def read_uvarint(buf: bytes | memoryview, pos: int, end: int, max_bytes: int) -> tuple[int, int]:

@@ -234,3 +234,64 @@ class Decoder:
         if cmd == _PSH or cmd == _UPD:
             return Frame(cmd, stream_id, buf[pos + HEADER_SIZE : pos + HEADER_SIZE + length])
         return Frame(cmd, stream_id)
+
+
+# -- the format registry's trace hooks (polymux.formats) ------------------------------------
+
+_TRACE_TYPES = {
+    Cmd.SYN: "open",
+    Cmd.FIN: "end",
+    Cmd.PSH: "data",
+    Cmd.NOP: "ping",
+    Cmd.UPD: "window_update",
+}
+
+
+def _version(fmt: str) -> int:
+    from polymux import formats
+
+    return int(formats.get(fmt).option("version"))
+
+
+def trace_decoder(fmt: str) -> Decoder:
+    """A decoder for one direction of a traced ``fmt`` connection."""
+    return Decoder(_version(fmt), fmt)
+
+
+def trace_frame(fmt: str, frame: Frame) -> tuple[int, int | None, str, int, int]:
+    """``(size on the wire, stream id, frame type, length, flags)`` of a decoded frame (a UPD's
+    length is the window it announces)."""
+    cmd = frame.cmd
+    body = frame.body
+    length = decode_upd(body)[1] if cmd == Cmd.UPD else len(body)
+    return (
+        HEADER_SIZE + len(body),
+        (None if cmd == Cmd.NOP else frame.stream_id),
+        _TRACE_TYPES[Cmd(cmd)],
+        length,
+        cmd,
+    )
+
+
+def signature(fmt: str, c2s: bytes, s2c: bytes) -> tuple[float, str] | None:
+    """How well the first bytes of each direction fit ``fmt`` (its protocol version in every
+    header, and a client that starts by opening a stream or with a NOP): a confidence and the
+    evidence, or None."""
+    version = _version(fmt)
+    frames = 0
+    for head, first in ((c2s, (Cmd.SYN, Cmd.NOP)), (s2c, tuple(Cmd))):
+        if not head:
+            continue
+        if head[0] != version:
+            return None
+        try:
+            decoded = Decoder(version, fmt).feed(head)
+        except ProtocolError:
+            return None
+        if decoded and decoded[0].cmd not in first:
+            return None
+        frames += len(decoded)
+    if not frames:
+        return None
+    confidence = min(0.95, 0.5 + 0.1 * frames)
+    return confidence, f"{frames} smux version {version} frame{'s' * (frames != 1)} (8-byte headers)"

@@ -1,0 +1,283 @@
+"""One behaviour suite, run against both drivers of the session core: the asyncio API
+(``polymux.connect`` / ``start_server``, channels as StreamReader/StreamWriter) and the
+anyio one (``polymux.anyio.session`` over anyio TCP streams, channels as ByteStreams).
+Both only move bytes, time and events between the core and their I/O, so what a session
+does (limits, filters, budgets, keepalive, half-close, resets, pings) must not differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import SocketAttribute
+
+import polymux
+import polymux.anyio as pmanyio
+
+
+pytestmark = pytest.mark.timeout(60)
+
+DRIVERS = ("asyncio", "anyio")
+FORMATS = ("mstream-v3", "mplex", "yamux", "streamux", "smux-v2")
+
+
+class Chan:
+    """A channel, the same to the tests whichever driver carries it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def send(self, data: bytes) -> None:
+        if isinstance(self.inner, tuple):
+            writer = self.inner[1]
+            writer.write(data)
+            await writer.drain()
+        else:
+            await self.inner.send(data)
+
+    async def send_eof(self) -> None:
+        if isinstance(self.inner, tuple):
+            self.inner[1].write_eof()
+        else:
+            await self.inner.send_eof()
+
+    async def recv(self, n: int = 65536) -> bytes:
+        """Up to ``n`` bytes; b"" at the peer's end of writing."""
+        if isinstance(self.inner, tuple):
+            return bytes(await self.inner[0].read(n))
+        try:
+            return bytes(await self.inner.receive(n))
+        except anyio.EndOfStream:
+            return b""
+
+    async def recv_all(self) -> bytes:
+        out = bytearray()
+        while data := await self.recv():
+            out += data
+        return bytes(out)
+
+    async def close(self) -> None:
+        if isinstance(self.inner, tuple):
+            self.inner[1].close()
+        else:
+            await self.inner.aclose()
+
+    async def reset(self) -> None:
+        if isinstance(self.inner, tuple):
+            self.inner[1].transport.abort()
+        else:
+            await self.inner.reset()
+
+
+class Side:
+    """A session, the same to the tests whichever driver runs it."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    @property
+    def is_asyncio(self) -> bool:
+        return isinstance(self.session, polymux.Session)
+
+    async def open(self, name: str = "") -> Chan:
+        if self.is_asyncio:
+            return Chan(await self.session.open_channel(name))
+        return Chan(await self.session.open_channel(name))
+
+    async def accept(self) -> Chan:
+        return Chan(await self.session.accept_channel())
+
+    async def ping(self) -> float:
+        return float(await self.session.ping())
+
+    @property
+    def core(self) -> polymux.session.SessionCore:
+        return self.session.mux.core if self.is_asyncio else self.session.core
+
+    async def closed(self) -> None:
+        await self.session.wait_closed()
+
+    @property
+    def error(self) -> BaseException | None:
+        if self.is_asyncio:
+            return self.session.exception  # type: ignore[no-any-return]
+        return self.session.error  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def pair(
+    driver: str,
+    protocol: str,
+    *,
+    offer_filter: Callable[[str], bool] | None = None,
+    server_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> AsyncIterator[tuple[Side, Side]]:
+    """``(client, server)`` sessions over loopback TCP, both run by ``driver``; the server
+    takes incoming channels with ``accept``."""
+    server_opts = {**options, **(server_options or {})}
+    if driver == "asyncio":
+        accepted: asyncio.Queue[polymux.Session] = asyncio.Queue()
+        server = await polymux.start_server(
+            None,
+            "127.0.0.1",
+            0,
+            protocol=protocol,
+            session_handler=accepted.put_nowait,
+            offer_filter=offer_filter,
+            **server_opts,
+        )
+        async with server:
+            client = await polymux.connect("127.0.0.1", server.port, protocol=protocol, **options)
+            async with client:
+                theirs = await asyncio.wait_for(accepted.get(), 10)
+                yield Side(client), Side(theirs)
+                theirs.abort()
+        return
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(SocketAttribute.local_port)
+        client_end = await anyio.connect_tcp("127.0.0.1", port)
+        server_end = await listener.listeners[0].accept()
+        async with (
+            client_end,
+            server_end,
+            pmanyio.session(
+                server_end, protocol=protocol, is_client=False, offer_filter=offer_filter, **server_opts
+            ) as theirs,
+            pmanyio.session(client_end, protocol=protocol, **options) as client,
+        ):
+            yield Side(client), Side(theirs)
+
+
+@pytest.mark.parametrize("protocol", FORMATS)
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_channels_carry_bytes_both_ways_with_half_close(driver: str, protocol: str) -> None:
+    """8 channels, 256 KiB each way: the client half-closes, the server reads to the end,
+    answers, and ends; byte-exact."""
+    async with pair(driver, protocol) as (client, server):
+        payloads = [os.urandom(256 * 1024) for _ in range(8)]
+
+        async def serve_one() -> None:
+            chan = await server.accept()
+            data = await chan.recv_all()
+            await chan.send(data[::-1])
+            await chan.send_eof()
+
+        async def one(i: int) -> None:
+            chan = await client.open(f"c{i}")
+            await chan.send(payloads[i])
+            await chan.send_eof()
+            assert await chan.recv_all() == payloads[i][::-1]
+            await chan.close()
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(serve_one() for _ in payloads), *(one(i) for i in range(len(payloads))))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_the_offer_filter_refuses(driver: str) -> None:
+    """An offer the server's filter refuses fails to open (mstream: rejected) and leaves the
+    session usable."""
+    async with pair(driver, "mstream-v3", offer_filter=lambda name: name != "nope") as (client, server):
+        with pytest.raises((polymux.ChannelRejected, anyio.BrokenResourceError, polymux.PolymuxError)):
+            async with asyncio.timeout(10):
+                await client.open("nope")
+        chan = await client.open("yes")
+        peer = await server.accept()
+        await chan.send(b"hi")
+        assert await peer.recv() == b"hi"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_max_channels_refuses_the_peers_opens_beyond_it(driver: str) -> None:
+    async with pair(driver, "mstream-v3", server_options={"max_channels": 2}) as (client, _server):
+        first = [await client.open(f"c{i}") for i in range(2)]
+        with pytest.raises((polymux.ChannelRejected, anyio.BrokenResourceError, polymux.PolymuxError)):
+            async with asyncio.timeout(10):
+                await client.open("third")
+        assert len(first) == 2
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_opening_faster_than_the_rate_ends_the_session(driver: str) -> None:
+    async with pair(driver, "mplex", server_options={"inbound_channel_rate": 5}) as (client, server):
+        for i in range(20):
+            with contextlib.suppress(polymux.PolymuxError, ConnectionError, anyio.BrokenResourceError):
+                await client.open(f"c{i}")
+        async with asyncio.timeout(10):
+            await server.closed()
+        assert "faster than 5 per second" in str(server.error)
+
+
+@pytest.mark.parametrize("protocol", ("yamux", "streamux"))
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_ping_measures_a_round_trip(driver: str, protocol: str) -> None:
+    async with pair(driver, protocol) as (client, _server):
+        async with asyncio.timeout(10):
+            rtt = await client.ping()
+        assert 0 < rtt < 5
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_reset_reaches_the_reader_as_an_error(driver: str) -> None:
+    async with pair(driver, "mstream-v3") as (client, server):
+        chan = await client.open("r")
+        peer = await server.accept()
+        await chan.send(b"x")
+        assert await peer.recv() == b"x"
+        await chan.reset()
+        with pytest.raises((polymux.ChannelReset, anyio.BrokenResourceError)):
+            async with asyncio.timeout(10):
+                await peer.recv_all()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_reader_that_stops_bounds_what_the_session_holds(driver: str) -> None:
+    """No credit on the wire (mplex): the receiver's unread bytes stay bounded by its budget
+    (the session stops reading), whatever the sender writes."""
+    budget = 2 * 1024 * 1024
+    async with pair(
+        driver, "mplex", server_options={"max_session_memory": budget, "receive_window": 4 * budget}
+    ) as (client, server):
+        chan = await client.open("flood")
+        held = await server.accept()  # never read (kept: a writer collected would close it)
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            chunk = bytes(64 * 1024)
+            while True:
+                await chan.send(chunk)
+                sent += len(chunk)
+
+        task = asyncio.ensure_future(flood())
+        try:
+            async with asyncio.timeout(10):
+                while server.core.reading:  # noqa: ASYNC110 - the core's state has no event
+                    await asyncio.sleep(0.01)
+            assert server.core._held <= budget + 256 * 1024
+            assert held.inner is not None
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_keepalive_ends_a_session_whose_peer_stops_answering(driver: str) -> None:
+    """The server's peer (our client) goes silent (its reading and its keepalive stop):
+    the server's keepalive ends the session within interval + timeout."""
+    async with pair(
+        driver, "yamux", server_options={"keepalive_interval": 0.2, "keepalive_timeout": 0.2}
+    ) as (client, server):
+        core = client.core
+        core.receive_data = lambda data, now: None  # type: ignore[method-assign]  # deaf from now on
+        async with asyncio.timeout(10):
+            await server.closed()
+        assert "keepalive" in str(server.error)
