@@ -284,3 +284,27 @@ async def test_keepalive_ends_a_session_whose_peer_stops_answering(driver: str) 
         async with asyncio.timeout(10):
             await server.closed()
         assert "keepalive" in str(server.error)
+
+
+@pytest.mark.parametrize("protocol", ("mstream-v3", "yamux"))
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_many_writers_waiting_for_credit_do_not_stall_the_session(driver: str, protocol: str) -> None:
+    """256 channels write 1 MiB each to a peer that reads them all: their unsent bytes
+    (tens of MiB, waiting for credit) must not stop the session from reading the very credit
+    they wait for (it deadlocked when unsent bytes counted towards the reading budget)."""
+    async with pair(driver, protocol) as (client, server):
+
+        async def sink() -> None:
+            chan = await server.accept()
+            assert len(await chan.recv_all()) == 1024 * 1024
+            await chan.send_eof()
+
+        async def one(i: int) -> None:
+            chan = await client.open(f"c{i}")
+            for _ in range(4):
+                await chan.send(bytes(256 * 1024))
+            await chan.send_eof()
+            assert await chan.recv_all() == b""
+
+        async with asyncio.timeout(40):
+            await asyncio.gather(*(sink() for _ in range(256)), *(one(i) for i in range(256)))

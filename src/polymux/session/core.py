@@ -59,6 +59,11 @@ _BACKLOG = 4
 _BUDGET = 8
 """The session holds ``max_session_memory`` (unread plus unsent bytes)."""
 _STALLED = _BACKLOG | _BUDGET
+
+# What the memory budget counts (SessionCore._hold / _release).
+_UNREAD = 0
+_UNSENT = 1
+_HOLDING = 2
 """Reasons that, with the socket unwritable, start the ``send_timeout`` clock."""
 
 _MAX_UNREAD_CONTROLS = 1024
@@ -72,6 +77,10 @@ _BUSY_READ = 64 * 1024
 _OPEN = 0  # stream_open_timeout: the peer never acknowledged our open
 _CLOSE = 1  # close_timeout: a close()d channel whose peer never ended it
 _OVERFLOW = 2  # slow_reader_timeout: a full channel held the connection too long
+
+_QUANTUM = 64 * 1024
+"""Bytes a channel may send per scheduler turn while others wait (at least one frame):
+fair at that grain, and consecutive frames of one channel merge on receive."""
 
 _NO_DEQUE: deque[BytesLike] = deque()
 """Shared, always empty: a channel's write queue until it first needs one (an empty deque
@@ -197,7 +206,11 @@ class SessionCore:
         # owns the rest); over the budget, reading stops. _unsent: all unsent bytes; over
         # half the budget, every writer's drain() blocks.
         budget = config.max_session_memory
-        self._held = 0
+        self._held = 0  # what counts now: unread + holding (+ unsent while the socket is paused)
+        self._unread = 0  # received, not yet consumed by the application
+        self._unsent_counted = 0  # unsent, counted per channel up to twice its high-water mark
+        self._holding = 0  # unsent bytes the format holds back (Engine.may_hold), in full
+        self._dropping = False  # _drop_holders is running (it releases, which checks again)
         self._hold_limit, self._hold_resume = budget, budget * 3 // 4
         self._unsent = 0
         self._unsent_limit, self._unsent_resume = budget // 2, budget // 4
@@ -276,15 +289,16 @@ class SessionCore:
         out = engine.data_to_send()
         ready = self._ready_queue
         if ready:
-            max_frame = engine.max_frame
+            turn = max(engine.max_frame, _QUANTUM)
             batch_limit = self.config.batch_bytes
             size = 0
             while ready and size < batch_limit:
                 channel = ready.popleft()
                 channel.queued = False
-                # Round-robin one frame per turn while others wait; a channel alone may
-                # fill the batch (fewer turns, same order on the wire).
-                quantum = max_frame if ready else batch_limit - size
+                # Round robin, up to a quantum per turn while others wait (a run of frames
+                # of one channel: the receiver takes it as one event and one wake-up); a
+                # channel alone may fill the batch.
+                quantum = turn if ready else batch_limit - size
                 size += self._send_turn(channel, quantum)
                 if self._wants_send(channel):
                     channel.queued = True
@@ -298,6 +312,7 @@ class SessionCore:
         """The socket stopped (or resumed) taking our bytes; ``unsent``: its buffered bytes."""
         self._write_paused = paused
         self._socket_unsent = unsent
+        self._check_budget()  # unsent bytes count while the socket is paused
         if paused:
             self._arm_stall(unsent)
 
@@ -546,9 +561,9 @@ class SessionCore:
         self._unsent += n
         cap = self._unsent_cap
         if channel.holding:
-            self._hold(n)  # what the format holds back counts in full
+            self._hold(n, _HOLDING)  # what the format holds back counts in full
         elif old < cap:
-            self._hold(min(new, cap) - old)
+            self._hold(min(new, cap) - old, _UNSENT)
         if not channel.queued and channel.accepted:
             channel.queued = True
             self._ready_queue.append(channel)
@@ -600,7 +615,7 @@ class SessionCore:
         channel.read_closed = True
         if channel.unconsumed:
             n, channel.unconsumed = channel.unconsumed, 0
-            self._release(n)
+            self._release(n, _UNREAD)
             self._ack(channel, n)
         self._set_slow(channel, False)
         self.write_eof(handle)
@@ -628,7 +643,7 @@ class SessionCore:
         if n <= 0:
             return
         channel.unconsumed -= n
-        self._release(n)
+        self._release(n, _UNREAD)
         self._ack(channel, n)
         if channel.slow and channel.unconsumed <= self.config.receive_window // 2:
             self._set_slow(channel, False)
@@ -667,7 +682,7 @@ class SessionCore:
                 self._ack_handle(event.channel, n)  # dropped: keep the peer's credit flowing
                 return
             channel.unconsumed += n
-            self._hold(n)
+            self._hold(n, _UNREAD)
             self._events.append(ce.Data(event.channel, event.data, event.more, n))
             if not self.engine.has_flow_control and channel.unconsumed > self.config.receive_window:
                 self._reader_behind(channel)
@@ -875,9 +890,10 @@ class SessionCore:
         if channel.holding:
             # The format lets it go now (a Streamux request ended): counted as any unsent.
             channel.holding = False
-            self._release(old - min(new, cap))
+            self._release(old, _HOLDING)
+            self._hold(min(new, cap), _UNSENT)
         elif new < cap:
-            self._release(min(old, cap) - new)
+            self._release(min(old, cap) - new, _UNSENT)
         if channel.paused and new <= channel.low:
             self._update_pause(channel)
         return parts
@@ -915,7 +931,8 @@ class SessionCore:
             # limits apply too); past the budget, the largest such channel is reset rather
             # than reading paused, which would hold back the very request it waits for.
             channel.holding = True
-            self._hold(channel.buffered - min(channel.buffered, self._unsent_cap))
+            self._release(min(channel.buffered, self._unsent_cap), _UNSENT)
+            self._hold(channel.buffered, _HOLDING)
         return hold
 
     # -- bounds: reading paused, the memory budget, send_timeout ----------------------------
@@ -968,17 +985,50 @@ class SessionCore:
             channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {message}"), drop_unread=True
         )
 
-    def _hold(self, n: int) -> None:
-        self._held += n
-        if self._held > self._hold_limit:
-            self._block_reading(_BUDGET, True)
-            self._drop_holders()
+    def _hold(self, n: int, kind: int) -> None:
+        """``n`` more bytes held, of ``kind`` (_UNREAD, _UNSENT or _HOLDING)."""
+        if kind == _UNREAD:
+            self._unread += n
+        elif kind == _UNSENT:
+            self._unsent_counted += n
+        else:
+            self._holding += n
+        self._check_budget()
+
+    def _release(self, n: int, kind: int) -> None:
+        """``n`` held bytes of ``kind`` were consumed, sent or dropped."""
+        if kind == _UNREAD:
+            self._unread -= n
+        elif kind == _UNSENT:
+            self._unsent_counted -= n
+        else:
+            self._holding -= n
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        """Pause reading while the session holds more than max_session_memory: unread bytes,
+        bytes the format holds back, and unsent bytes while the socket takes nothing (bytes
+        waiting for the peer's credit do not count: reading is what brings the credit, so
+        counting them would deadlock a session that has many channels waiting for it)."""
+        held = self._unread + self._holding + (self._unsent_counted if self._write_paused else 0)
+        self._held = held
+        if held > self._hold_limit:
+            if not self._read_block & _BUDGET:
+                self._block_reading(_BUDGET, True)
+            if self._holding and not self._dropping:
+                self._dropping = True
+                try:
+                    self._drop_holders()
+                finally:
+                    self._dropping = False
+        elif self._read_block & _BUDGET and held <= self._hold_resume:
+            self._block_reading(_BUDGET, False)
 
     def _drop_holders(self) -> None:
         """Over the budget while channels hold bytes the format keeps back (Streamux
         responses waiting for their request's end): reading paused would never let the
         requests end, so reset the largest of them until the session is within its budget."""
-        while self._held > self._hold_limit:
+        while self._held > self._hold_limit and self._holding:
             holders = [ch for ch in self.channels.values() if ch.holding]
             if not holders:
                 return
@@ -989,11 +1039,6 @@ class SessionCore:
             )
             self._engine_reset(channel, problem)
             self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
-
-    def _release(self, n: int) -> None:
-        self._held -= n
-        if self._read_block & _BUDGET and self._held <= self._hold_resume:
-            self._block_reading(_BUDGET, False)
 
     def _sent(self, n: int) -> None:
         self._unsent -= n
@@ -1133,7 +1178,10 @@ class SessionCore:
         if channel.buffered:
             n, channel.buffered = channel.buffered, 0
             self._sent(n)
-            self._release(n if channel.holding else min(n, self._unsent_cap))
+            if channel.holding:
+                self._release(n, _HOLDING)
+            else:
+                self._release(min(n, self._unsent_cap), _UNSENT)
 
     def _finish(
         self,
@@ -1152,7 +1200,7 @@ class SessionCore:
             self._inbound -= 1
         self._drop_unsent(channel)
         if channel.unconsumed:
-            self._release(channel.unconsumed)
+            self._release(channel.unconsumed, _UNREAD)
             channel.unconsumed = 0
         self._set_slow(channel, False)
         if channel.reading_paused and not self.engine.has_flow_control:
