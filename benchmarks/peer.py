@@ -41,6 +41,7 @@ from benchmarks.common import (
     reset_peak_rss,
     rss_bytes,
 )
+from polymux.formats import get as get_format
 
 
 READ = 256 * 1024
@@ -132,6 +133,41 @@ class CountingProtocol(asyncio.Protocol):
         return True
 
 
+class ModeProtocol(asyncio.Protocol):
+    """A channel served by ``polymux.ChannelProtocols`` instead of a handler task: the
+    scale scenario's second receiver (idle channels cost no task). Understands the idle
+    and churn headers: read to EOF, answer churn with b"\\x01"."""
+
+    __slots__ = ("head", "transport")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if len(self.head) < 9:
+            self.head += data[: 9 - len(self.head)]
+
+    def eof_received(self) -> bool:
+        assert self.transport is not None
+        mode = self.head[:1]
+        if mode == MODE_CHURN:
+            self.transport.write(b"\x01")
+        elif mode != MODE_IDLE:
+            self.transport.abort()
+            return True
+        self.transport.close()
+        return True
+
+
+def protocols_endpoint(fmt: str) -> str:
+    """The peer's endpoint key of ``fmt`` served by :class:`ModeProtocol` (no task per channel)."""
+    return f"{fmt}+protocols"
+
+
 def profile_text(profiler: cProfile.Profile, top: int) -> str:
     """The top ``top`` functions of a profile by own time, as pstats prints them."""
     out = io.StringIO()
@@ -175,6 +211,17 @@ def _child(loop_name: str, transport: str, formats: list[str], conn: Connection,
                         handle_stream, unix_path(fmt), protocol=fmt, **SERVER_OPTIONS
                     )
                     endpoints[fmt] = Endpoint("unix", unix_path(fmt))
+                servers.append(ps)
+                if get_format(fmt).caps.one_way:
+                    continue  # omnistreams pairs its streams for stream handlers only
+                handler = polymux.ChannelProtocols(ModeProtocol)
+                if transport == "tcp":
+                    ps = await polymux.start_server(handler, "127.0.0.1", 0, protocol=fmt, **SERVER_OPTIONS)
+                    endpoints[protocols_endpoint(fmt)] = Endpoint("tcp", ps.port)
+                else:
+                    path = unix_path(protocols_endpoint(fmt))
+                    ps = await polymux.start_unix_server(handler, path, protocol=fmt, **SERVER_OPTIONS)
+                    endpoints[protocols_endpoint(fmt)] = Endpoint("unix", path)
                 servers.append(ps)
             conn.send(endpoints)
             while True:

@@ -52,7 +52,7 @@ from benchmarks.common import (
     open_stream,
     rss_bytes,
 )
-from benchmarks.peer import Peer
+from benchmarks.peer import Peer, protocols_endpoint
 
 
 StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -561,6 +561,19 @@ async def scale(peer: Peer, fmt: str, count: int, loop: str, transport: str, pro
             extra["open_s"] = time.perf_counter() - start
             extra["rss_per_ch"] = (rss_bytes() - rss_before) / count
             extra["peer_rss_per_ch"] = (await peer.ask("rss") - peer_before) / count
+            # Pass 1b: the receiver serving channels with ChannelProtocols (no task each),
+            # while pass 1's channels still live (memory they freed would hide growth).
+            pep = peer.endpoints.get(protocols_endpoint(fmt))
+            if pep is not None:
+                second = await pep.connect(fmt)
+                try:
+                    more = await _open_idle(second, 8)
+                    peer_before = await peer.ask("rss")
+                    more += await _open_idle(second, count)
+                    extra["peer_rss_per_ch_protocols"] = (await peer.ask("rss") - peer_before) / count
+                finally:
+                    second.abort()
+                more.clear()
             session.abort()
             pairs.clear()
             session = None
@@ -579,7 +592,8 @@ async def scale(peer: Peer, fmt: str, count: int, loop: str, transport: str, pro
         if progress:
             print(
                 f"  [{loop}/{transport}] scale {fmt} {count:,} ch: {traced / count:,.0f} B/ch traced, "
-                f"{extra['rss_per_ch']:,.0f} B/ch RSS, receiver {extra['peer_rss_per_ch']:,.0f} B/ch RSS, "
+                f"{extra['rss_per_ch']:,.0f} B/ch RSS, receiver {extra['peer_rss_per_ch']:,.0f} B/ch RSS "
+                f"(ChannelProtocols: {extra.get('peer_rss_per_ch_protocols', float('nan')):,.0f}), "
                 f"opened in {extra['open_s']:.1f} s",
                 flush=True,
             )

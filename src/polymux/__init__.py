@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from polymux._types import CaptureFactory, CaptureSink
 from polymux.aio import (
+    ChannelProtocols,
     ChannelTransport,
     Server,
     Session,
@@ -47,6 +48,7 @@ __all__ = [
     "ChannelClosedError",
     "ChannelError",
     "ChannelOverflow",
+    "ChannelProtocols",
     "ChannelRejected",
     "ChannelReset",
     "ChannelTransport",

@@ -6,11 +6,12 @@ from polymux.aio.channel import ChannelTransport
 from polymux.aio.client import connect, connect_unix, over
 from polymux.aio.reader import ChannelStreamReader
 from polymux.aio.server import Server, start_server, start_unix_server
-from polymux.aio.session import MuxProtocol, Session
+from polymux.aio.session import ChannelProtocols, MuxProtocol, Session
 from polymux.aio.websocket import connect_websocket, serve_websocket
 
 
 __all__ = [
+    "ChannelProtocols",
     "ChannelStreamReader",
     "ChannelTransport",
     "MuxProtocol",

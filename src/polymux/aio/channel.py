@@ -22,6 +22,7 @@ driven by its :class:`ChannelHost` (the session's :class:`~polymux.aio.session.M
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import Any, Protocol
 
@@ -29,6 +30,9 @@ from polymux._types import BytesLike
 from polymux.aio.reader import ChannelStreamReader
 from polymux.exceptions import ChannelClosedError
 from polymux.session import SessionCore
+
+
+logger = logging.getLogger("polymux")
 
 
 __all__ = ["ChannelHost", "ChannelTransport"]
@@ -359,9 +363,13 @@ class ChannelTransport(asyncio.Transport):
                 if reader.waiting:
                     reader.wakeup()
             return
-        protocol.data_received(bytes(data))  # type: ignore[attr-defined]
-        for part in more:
-            protocol.data_received(bytes(part))  # type: ignore[attr-defined]
+        try:
+            protocol.data_received(bytes(data))  # type: ignore[attr-defined]
+            for part in more:
+                protocol.data_received(bytes(part))  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 (logged with its traceback by _protocol_failed)
+            self._protocol_failed("data_received", exc)
+            return
         if self._reading_paused:
             self._held_credit += n
         else:
@@ -457,9 +465,19 @@ class ChannelTransport(asyncio.Transport):
         if protocol is None or self._done or self._read_closed:
             return
         self._top_up()  # all data before the EOF
-        keep_open = protocol.eof_received()  # type: ignore[attr-defined]
+        try:
+            keep_open = protocol.eof_received()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 (logged with its traceback by _protocol_failed)
+            self._protocol_failed("eof_received", exc)
+            return
         if not keep_open:
             self.close()
+
+    def _protocol_failed(self, callback: str, exc: Exception) -> None:
+        """The channel's protocol raised: reset this channel, not the session (the
+        exception would otherwise unwind into the session's own ``data_received``)."""
+        logger.error("%s: %s of %s raised", self._core.format, callback, self._label_text, exc_info=exc)
+        self.reset(exc)
 
     # -- ending ------------------------------------------------------------------------------
 

@@ -11,9 +11,10 @@ import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, cast
 
-from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
+from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
 from polymux.engine import check_protocol
+from polymux.formats import get as get_format
 
 
 __all__ = ["Server", "start_server", "start_unix_server"]
@@ -140,6 +141,7 @@ def _server(
     options: dict[str, Any],
 ) -> Server:
     check_protocol(protocol)
+    check_handler(protocol, get_format(protocol).caps.one_way, handler)
     cfg = SessionConfig.from_options(config, **options)
 
     def make() -> MuxProtocol:

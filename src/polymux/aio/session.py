@@ -27,7 +27,7 @@ from polymux.exceptions import LimitExceeded, PolymuxError, SessionClosed
 from polymux.session import NoRoomToOpen, SessionCore, events as ce
 
 
-__all__ = ["ChannelHandler", "MuxProtocol", "OfferFilter", "Session"]
+__all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
 
 _clock = time.monotonic
 """The core's and the engines' clock (RTT, window tuning, deadlines). Not ``loop.time()``:
@@ -36,9 +36,49 @@ windows from ever growing."""
 
 logger = logging.getLogger("polymux")
 
-ChannelHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None]
+
+class ChannelProtocols:
+    """Serve incoming channels with ``asyncio`` protocols instead of a handler task each.
+
+    Pass ``handler=ChannelProtocols(factory)``: every channel the peer opens gets
+    ``factory()``, connected like ``loop.create_server``'s protocols
+    (``connection_made(transport)`` with the channel's
+    :class:`~polymux.aio.ChannelTransport`, then ``data_received``, ``eof_received``,
+    ``connection_lost``). No reader, writer or task is made, so an idle channel costs only
+    its transport and the protocol: the way to hold a very large number of mostly idle
+    channels. Credit goes back as ``data_received`` returns, unless the protocol calls
+    ``transport.pause_reading()``; ``transport.get_extra_info("channel_name")`` is the
+    channel's name.
+
+    omnistreams pairs its one-way streams into ``(reader, writer)`` and needs a stream
+    handler: a session of that format refuses this with ``ValueError``.
+    """
+
+    __slots__ = ("factory",)
+
+    def __init__(self, factory: Callable[[], asyncio.BaseProtocol]) -> None:
+        self.factory = factory
+
+    def __repr__(self) -> str:
+        return f"ChannelProtocols({self.factory!r})"
+
+
+ChannelHandler = (
+    Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None] | ChannelProtocols
+)
 """``handler(reader, writer)``: called for each incoming channel, like the callback of
-``asyncio.start_server``."""
+``asyncio.start_server``; or :class:`ChannelProtocols` (a protocol per channel, no task)."""
+
+
+def check_handler(fmt: str, one_way: bool, handler: ChannelHandler | None) -> None:
+    """Refuse :class:`ChannelProtocols` for a one-way format (``ValueError``), before any
+    connection is accepted: its streams are paired into ``(reader, writer)``."""
+    if isinstance(handler, ChannelProtocols) and one_way:
+        raise ValueError(
+            f"{fmt}: ChannelProtocols cannot serve one-way streams (they are paired into "
+            "(reader, writer) for a stream handler)"
+        )
+
 
 OfferFilter = Callable[[str], bool]
 """``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
@@ -67,6 +107,7 @@ class MuxProtocol(asyncio.Protocol):
             self.engine, config, _clock(), offer_filter=offer_filter, has_handler=handler is not None
         )
         self._handler = handler
+        check_handler(self.engine.format, self.engine.one_way, handler)
         self._transport: asyncio.Transport | None = None
         self._channels: dict[int, ChannelTransport] = {}
         self._offers: dict[int, asyncio.Future[None]] = {}
@@ -365,17 +406,30 @@ class MuxProtocol(asyncio.Protocol):
         if role is not None:
             self._on_pair_offer(role[0], role[1], name, channel)
             return
+        handler = self._handler
+        if isinstance(handler, ChannelProtocols):
+            self._attach_protocol(channel, handler)
+            return
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
         protocol = ChannelStreamProtocol(reader, loop=self.loop)
         channel.attach(protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
-        if self._handler is not None:
+        if handler is not None:
             # Our own task, not StreamReaderProtocol's client_connected_cb: its done-callback
             # logs a handler cancelled at shutdown as an error (CPython 3.11).
             self._start_handler(reader, writer)
             return
         self._incoming.append((name, handle, (reader, writer)))
         self._serve_accept_waiters()
+
+    def _attach_protocol(self, channel: ChannelTransport, handler: ChannelProtocols) -> None:
+        """Connect a ChannelProtocols protocol; one that fails to start resets its channel
+        (the session goes on, as it does for a handler that raises)."""
+        try:
+            channel.attach(handler.factory())
+        except Exception as exc:
+            logger.error("%s: channel protocol failed on %s", self.engine.format, channel, exc_info=exc)
+            channel.reset(exc)
 
     def _start_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = self.loop.create_task(self._run_handler(reader, writer))
@@ -385,13 +439,14 @@ class MuxProtocol(asyncio.Protocol):
     async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run the channel handler; an exception it raises resets the channel, carrying
         ``"Type: message"`` to the peer where the format can."""
-        assert self._handler is not None
+        handler = self._handler
+        assert handler is not None and not isinstance(handler, ChannelProtocols)
         # Counted until the handler returns, after its channel is gone too: a peer that
         # opens and resets channels at once (Rapid Reset) cannot start handlers faster
         # than they finish.
         self.core.handler_started()
         try:
-            result = self._handler(reader, writer)
+            result = handler(reader, writer)
             if result is not None:
                 await result
         except Exception as exc:
@@ -903,8 +958,10 @@ class Session:
 
     async def aclose(self) -> None:
         """Close gracefully: send what channels have queued (bounded by
-        ``close_timeout``), then close the connection. Channels still open then fail
-        with :class:`~polymux.exceptions.SessionClosed`."""
+        ``close_timeout``), then close the connection. A format that can say goodbye
+        (yamux's GoAway) lets open channels finish first, within the same
+        ``close_timeout``. Channels still open then fail with
+        :class:`~polymux.exceptions.SessionClosed`."""
         await self._mux.aclose()
 
     def abort(self) -> None:

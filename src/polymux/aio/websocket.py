@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from polymux import formats
 from polymux.aio.client import _ready
 from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
-from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
+from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
 from polymux.engine import check_protocol
 from polymux.exceptions import ProtocolError
@@ -240,6 +240,7 @@ async def connect_websocket(
     from websockets.asyncio.client import connect as ws_connect
 
     check_protocol(protocol)
+    check_handler(protocol, formats.get(protocol).caps.one_way, handler)
     session_opts, ws_opts = _split(options)
     cfg = SessionConfig.from_options(config, **session_opts)
     ws = await ws_connect(uri, **_ws_defaults(cfg, ws_opts))
@@ -270,6 +271,7 @@ async def serve_websocket(
     from websockets.asyncio.server import serve as ws_serve
 
     check_protocol(protocol)
+    check_handler(protocol, formats.get(protocol).caps.one_way, handler)
     session_opts, ws_opts = _split(options)
     cfg = SessionConfig.from_options(config, **session_opts)
 
