@@ -192,10 +192,12 @@ class _Failed(Exception):
 
 
 def _text(error: BaseException) -> str:
-    """The text a reset carries for ``error``: the peer's own text if it sent one."""
+    """The text a reset carries for ``error``: the peer's own text if it sent one, else what
+    ended the channel, said by the bridge."""
     if isinstance(error, ChannelReset) and error.message:
         return error.message
-    return str(error) or type(error).__name__
+    text = str(error) or type(error).__name__
+    return text if text.startswith("polymux bridge:") else f"polymux bridge: {text}"
 
 
 def _reset(writer: asyncio.StreamWriter, text: str | None) -> None:

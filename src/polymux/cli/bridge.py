@@ -79,10 +79,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "listen", metavar="LISTEN", help="where to listen: FORMAT:tcp:HOST:PORT (0: any port) ..."
+        "listen",
+        metavar="LISTEN",
+        help="where to listen: FORMAT:tcp:HOST:PORT (port 0: any free port), FORMAT:unix:PATH or "
+        "FORMAT:ws://HOST:PORT/PATH",
     )
     parser.add_argument(
-        "connect", metavar="CONNECT", help="where to carry each session: FORMAT:tcp:HOST:PORT ..."
+        "connect",
+        metavar="CONNECT",
+        help="where to carry each session: FORMAT:tcp:HOST:PORT, FORMAT:unix:PATH, "
+        "FORMAT:ws://HOST:PORT/PATH or FORMAT:wss://...",
     )
     parser.add_argument(
         "--names",
