@@ -231,11 +231,19 @@ class _Link:
             far = await owner._open_far(self)
         except Exception as exc:  # noqa: BLE001 - whatever stopped it, the near session ends
             owner.stats.connect_failures += 1
-            error = PolymuxError(f"polymux bridge: no session with {owner.connect}: {exc}")
+            if isinstance(exc, TimeoutError):
+                why = f"no connection and handshake within handshake_timeout={owner.connect_config.handshake_timeout:g} s"
+            else:
+                why = str(exc) or type(exc).__name__
+            error = PolymuxError(f"polymux bridge: no session with {owner.connect}: {why}")
             logger.warning("session from %s (%s): %s", peer, owner.listen.protocol, error)
             self.far.set_exception(error)
             await near.aclose()
             return
+        except BaseException:
+            # Cancelled (the bridge is closing): the channels waiting for it learn why.
+            self.far.set_exception(PolymuxError("polymux bridge: the bridge is closing"))
+            raise
         self.far.set_result(far)
         logger.info("session from %s (%s) -> %s", peer, owner.listen.protocol, owner.connect)
         ends = [asyncio.ensure_future(near.wait_closed()), asyncio.ensure_future(far.wait_closed())]

@@ -475,3 +475,35 @@ async def test_bad_arguments() -> None:
         await polymux.bridge("yamux:tcp:127.0.0.1:0", "mplex:tcp:127.0.0.1:1", windw=1)
     with pytest.raises(ValueError, match="listens on ws:// only"):
         await polymux.bridge("omnistreams:wss://127.0.0.1:0/", "mplex:tcp:127.0.0.1:1")
+
+
+async def test_far_handshake_timeout_and_closing_while_connecting(caplog: pytest.LogCaptureFixture) -> None:
+    """A CONNECT side that accepts the connection and never answers the handshake: after
+    ``handshake_timeout`` the near session's channels are reset and the session closed.
+    A bridge closed while it connects ends at once, its waiting channels too."""
+    held: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(lambda _r, w: held.append(w), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    try:
+        with caplog.at_level(logging.WARNING, logger="polymux.bridge"):
+            async with running(
+                "mplex:tcp:127.0.0.1:0", f"mstream-v2:tcp:127.0.0.1:{port}", handshake_timeout=0.3
+            ) as bridge:
+                session = await near_session(bridge)
+                reader, _writer = await session.open_channel("waits")
+                with pytest.raises(polymux.ChannelReset):
+                    await asyncio.wait_for(reader.read(), 10)
+                await asyncio.wait_for(session.wait_closed(), 10)
+        assert "within handshake_timeout=0.3 s" in caplog.text
+        bridge = await polymux.bridge("mplex:tcp:127.0.0.1:0", f"mstream-v2:tcp:127.0.0.1:{port}")
+        session = await near_session(bridge)
+        reader, _writer = await session.open_channel("waits")
+        await until(lambda: bridge.sessions == 1)
+        bridge.close()
+        await asyncio.wait_for(bridge.wait_closed(), 10)
+        with pytest.raises((polymux.ChannelReset, polymux.SessionClosed)):
+            await asyncio.wait_for(reader.read(), 10)
+    finally:
+        silent.close()
+        for writer in held:
+            writer.close()
