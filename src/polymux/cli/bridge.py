@@ -26,9 +26,7 @@ channels reset with the reason; the bridge goes on.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from typing import Any
 
@@ -39,6 +37,7 @@ from polymux.apps.common import (
     EXIT_STATUS,
     format_bytes,
     run as run_loop,
+    serve_until_stopped,
     size,
 )
 from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
@@ -257,20 +256,7 @@ async def _bridge(
         f"{connect.protocol} on {connect.where} (names: {args.names})",
         flush=True,
     )
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        logger.info("stopping")
-        try:
-            await asyncio.wait_for(running.aclose(), 15)
-        except TimeoutError:
-            running.close()
+    await serve_until_stopped(running, logger)
     stats = running.stats
     print(
         f"polymux bridge: stopped; {stats.sessions} sessions ({stats.connect_failures} without a "
