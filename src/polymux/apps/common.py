@@ -14,7 +14,7 @@ import signal
 import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import polymux
 from polymux import formats
@@ -326,13 +326,7 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
-class _Stoppable(Protocol):
-    async def aclose(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-async def serve_until_stopped(server: _Stoppable, logger: logging.Logger, grace: float = 15.0) -> None:
+async def serve_until_stopped(server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
     bridge``)."""
