@@ -326,7 +326,9 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
-async def serve_until_stopped(server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0) -> None:
+async def serve_until_stopped(
+    server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0
+) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
     bridge``)."""
