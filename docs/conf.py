@@ -58,6 +58,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(?!polymux\b).*"),
     (r"py:.*", r"polymux\._types\..*"),  # type aliases shown by their private home
     (r"py:class", r"polymux\.aio\.session\.MuxProtocol"),  # the protocol behind a Session: internal
+    # The internals a public signature names: the reader of a channel, the sans-I/O core and its events.
+    (r"py:class", r"polymux\.aio\.reader\.ChannelStreamReader"),
+    (r"py:class", r"polymux\.session\.(SessionCore|events\.\w+)"),
     (r"py:class", r"polymux\.apps\.common\.T"),  # a TypeVar
 ]
 suppress_warnings = ["myst.header"]

@@ -23,6 +23,7 @@ from polymux.aio import (
     start_server,
     start_unix_server,
 )
+from polymux.bridging import Bridge, Endpoint, bridge
 from polymux.config import SessionConfig
 from polymux.exceptions import (
     ChannelClosedError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PROTOCOLS",
+    "Bridge",
     "CaptureFactory",
     "CaptureSink",
     "ChannelClosedError",
@@ -52,6 +54,7 @@ __all__ = [
     "ChannelRejected",
     "ChannelReset",
     "ChannelTransport",
+    "Endpoint",
     "FlowControlError",
     "LimitExceeded",
     "PolymuxError",
@@ -61,6 +64,7 @@ __all__ = [
     "SessionClosed",
     "SessionConfig",
     "__version__",
+    "bridge",
     "connect",
     "connect_unix",
     "connect_websocket",

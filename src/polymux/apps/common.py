@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import re
+import signal
 import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ __all__ = [
     "parse_size",
     "peer_mismatch",
     "run",
+    "serve_until_stopped",
     "session_options",
     "size",
     "two_way",
@@ -321,6 +324,28 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     if address.path is not None:
         return address
     return Address(host=address.host, port=server.port)
+
+
+async def serve_until_stopped(
+    server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0
+) -> None:
+    """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
+    what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
+    bridge``)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        logger.info("stopping")
+        try:
+            await asyncio.wait_for(server.aclose(), grace)
+        except TimeoutError:
+            server.close()
 
 
 def run(coro: Coroutine[Any, Any, T], *, use_uvloop: bool = False) -> T:

@@ -17,7 +17,7 @@ from polymux.apps.common import EXIT_INTERRUPTED, EXIT_STATUS
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = ("demo", "serve", "connect", "decode", "bench", "analyze")
+_SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from polymux.apps.common import (
     parse_address,
     parse_size,
     run as run_loop,
+    serve_until_stopped,
     session_options,
     two_way,
 )
@@ -179,19 +179,9 @@ async def _serve(
     print(f"polymux serve: {mode} {protocol} on {listening_on(server, address)}", flush=True)
     if note is not None:
         print(note, flush=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await serve_until_stopped(server, logger)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        logger.info("stopping")
-        try:
-            await asyncio.wait_for(server.aclose(), 15)
-        except TimeoutError:
-            server.close()
         if address.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address.path)

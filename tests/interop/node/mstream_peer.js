@@ -8,6 +8,14 @@
  *   node mstream_peer.js --listen|--connect --tcp PORT|--unix PATH
  *        --version 1|2|3 --mode responder|driver
  *        [--channels N] [--size BYTES] [--timeout-ms MS]
+ *        [--reject required|reset] [--reset-text required|any]
+ *
+ * The last two loosen the driver's checks for a remote that reaches the responder
+ * through a format that cannot say everything MultiplexingStream says (polymux bridge
+ * to yamux): --reject reset also accepts a reject/x offer that is accepted and then
+ * terminated with an error (a format without refusal); --reset-text any accepts any
+ * error text on error/* (a format without reset text).  The defaults are the strict
+ * checks.
  *
  * stdout: `LISTENING <port|path>` (listen only, once listening), then at the end
  *         one JSON summary line ({"ok":...}).  Everything else goes to stderr.
@@ -21,6 +29,8 @@
  *   reject/*    rejectChannel(id).
  *   error/<msg> accept, then dispose(new Error(<msg>)) at once.
  *   halfclose/* count bytes until remote half-close, reply the decimal count, end, dispose.
+ *   big/*       read until remote half-close, reply "<count> <sha256 hex>", end, dispose
+ *               (as the mplex and yamux peers' big/*).
  *
  * What nerdbank-streams 2.13.16 puts on the wire (read from js/*.js, src/*.ts):
  *
@@ -67,6 +77,7 @@
  *     before the caller subscribes; runResponder() catches up on those.
  */
 
+const crypto = require('crypto')
 const fs = require('fs')
 const net = require('net')
 const { MultiplexingStream } = require('nerdbank-streams')
@@ -76,13 +87,14 @@ function usage(msg) {
 	if (msg) process.stderr.write(`mstream_peer: ${msg}\n`)
 	process.stderr.write(
 		'usage: node mstream_peer.js --listen|--connect --tcp PORT|--unix PATH --version 1|2|3 ' +
-			'--mode responder|driver [--channels N] [--size BYTES] [--timeout-ms MS]\n'
+			'--mode responder|driver [--channels N] [--size BYTES] [--timeout-ms MS] ' +
+			'[--reject required|reset] [--reset-text required|any]\n'
 	)
 	process.exit(2)
 }
 
 function parseArgs(argv) {
-	const o = { role: null, tcp: null, unix: null, version: null, mode: null, channels: 16, size: 1048576, timeoutMs: 60000 }
+	const o = { role: null, tcp: null, unix: null, version: null, mode: null, channels: 16, size: 1048576, timeoutMs: 60000, reject: 'required', resetText: 'required' }
 	const intArg = (name, v) => {
 		if (v === undefined || !/^\d+$/.test(v)) usage(`${name} needs a non-negative integer`)
 		return parseInt(v, 10)
@@ -116,6 +128,12 @@ function parseArgs(argv) {
 			case '--timeout-ms':
 				o.timeoutMs = intArg(a, argv[++i])
 				break
+			case '--reject':
+				o.reject = argv[++i]
+				break
+			case '--reset-text':
+				o.resetText = argv[++i]
+				break
 			case '-h':
 			case '--help':
 				usage()
@@ -128,6 +146,8 @@ function parseArgs(argv) {
 	if ((o.tcp === null) === (o.unix === null)) usage('exactly one of --tcp/--unix is required')
 	if (![1, 2, 3].includes(o.version)) usage('--version must be 1, 2 or 3')
 	if (!['responder', 'driver'].includes(o.mode)) usage('--mode must be responder or driver')
+	if (!['required', 'reset'].includes(o.reject)) usage('--reject must be required or reset')
+	if (!['required', 'any'].includes(o.resetText)) usage('--reset-text must be required or any')
 	return o
 }
 
@@ -317,7 +337,7 @@ function endAsync(stream) {
 // ---------------------------------------------------------------- responder
 async function runResponder(mx, sock) {
 	const failures = []
-	const handled = { echo: 0, name: 0, reject: 0, error: 0, halfclose: 0, unknown: 0 }
+	const handled = { echo: 0, name: 0, reject: 0, error: 0, halfclose: 0, big: 0, unknown: 0 }
 	const fail = msg => {
 		failures.push(msg)
 		log(`FAIL: ${msg}`)
@@ -419,6 +439,26 @@ async function runResponder(mx, sock) {
 						() => {
 							log(`${label}: remote half-closed after ${bytes} bytes`)
 							s.end(Buffer.from(String(bytes), 'utf8'))
+						}
+					)
+					break
+				}
+				case 'big': {
+					handled.big++
+					const ch = mx.acceptChannel(id)
+					const s = ch.stream
+					const hash = crypto.createHash('sha256')
+					let bytes = 0
+					wire(
+						ch,
+						label,
+						chunk => {
+							bytes += chunk.length
+							hash.update(chunk)
+						},
+						() => {
+							log(`${label}: remote half-closed after ${bytes} bytes`)
+							s.end(Buffer.from(`${bytes} ${hash.digest('hex')}`, 'utf8'))
 						}
 					)
 					break
@@ -558,6 +598,7 @@ async function runDriver(mx, sock) {
 	async function rejectChannel() {
 		try {
 			const ch = await mx.offerChannelAsync('reject/x')
+			if (opts.reject === 'reset') return await terminatedAfterAccept(ch)
 			ch.dispose()
 		} catch (e) {
 			// Rejection = remote ChannelTerminated for an offer not yet accepted; the JS port
@@ -567,6 +608,23 @@ async function runDriver(mx, sock) {
 			return info
 		}
 		throw new Error('reject/x: offer was accepted, expected rejection')
+	}
+
+	/** --reject reset: the accepted reject/x must end with an error from the remote. */
+	async function terminatedAfterAccept(ch) {
+		const out = { accepted: true, completion: null, message: null }
+		ch.stream.on('error', () => {})
+		ch.stream.resume()
+		try {
+			await ch.completion
+			out.completion = 'resolved'
+		} catch (e) {
+			out.completion = 'rejected'
+			out.message = e && e.message
+		}
+		log(`reject/x: accepted, then ${JSON.stringify(out)}`)
+		if (out.completion !== 'rejected') throw new Error(`reject/x: accepted and not terminated with an error: ${JSON.stringify(out)}`)
+		return out
 	}
 
 	async function errorChannel() {
@@ -593,7 +651,9 @@ async function runDriver(mx, sock) {
 		}
 		await streamDone
 		log(`error/: ${JSON.stringify(out)}`)
-		if (opts.version >= 2) {
+		if (opts.version >= 2 && opts.resetText === 'any') {
+			if (out.completion !== 'rejected') throw new Error(`error/: expected completion to reject, got ${JSON.stringify(out)}`)
+		} else if (opts.version >= 2) {
 			if (out.completion !== 'rejected' || !String(out.message).includes('boom from python')) {
 				throw new Error(`error/: expected completion to reject with "boom from python", got ${JSON.stringify(out)}`)
 			}

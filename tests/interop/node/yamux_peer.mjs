@@ -36,6 +36,10 @@
  *                half-close.
  *   error/*      reset the stream at once (stream.abort(): WindowUpdate|RST).
  *   big/*        read until half-close, reply "<count> <sha256 hex>", half-close.
+ *   name/*       reply the name line's name (UTF-8), half-close (as mplex_peer.mjs's
+ *                name/*: a name that crossed a bridge comes back as it arrived).
+ *   reject/*     reset the stream at once: a yamux server refuses a stream with a RST
+ *                (yamux has no other refusal), as mstream_peer.js rejects reject/*.
  *   (other)      reset the stream (logged, not a failure).
  *
  * Responder: serves until the connection ends, or until a GoAway arrived and every
@@ -374,7 +378,7 @@ function wireSummary(mx) {
 // ---------------------------------------------------------------- responder
 async function runResponder(mx, sock) {
 	const { failures, fail } = failureList()
-	const handled = { echo: 0, halfclose: 0, error: 0, big: 0, unknown: 0 }
+	const handled = { echo: 0, halfclose: 0, error: 0, big: 0, name: 0, reject: 0, unknown: 0 }
 	const names = [] // {line, id} in arrival order
 	const open = new Set() // behaviours that have not finished their side yet
 	let goAwayDone = null // resolves when a GoAway arrived and every stream is done
@@ -388,13 +392,20 @@ async function runResponder(mx, sock) {
 	}
 	mx.onGoAway = () => setTimeout(checkGoAwayDone, 0) // after the package closed its streams
 
-	// The behaviour only this peer has (echo, halfclose, big: common.mjs).
+	// The behaviours only this peer has (echo, halfclose, big: common.mjs).
+	const resetAtOnce = kind => ({ w, label, name, done }) => {
+		handled[kind]++
+		w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
+		w.reset(name)
+		done('reset (WindowUpdate|RST)')
+	}
 	const special = {
-		error: ({ w, label, name, done }) => {
-			handled.error++
-			w.onError = e => log(`${label}: error after reset (expected): ${errText(e)}`)
-			w.reset(name)
-			done('reset (WindowUpdate|RST)')
+		error: resetAtOnce('error'),
+		reject: resetAtOnce('reject'),
+		name: ({ name, replyAndEnd }) => {
+			handled.name++
+			replyAndEnd(name)
+			return { onData: () => {}, onEnd: () => {} }
 		},
 	}
 
