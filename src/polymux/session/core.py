@@ -545,6 +545,10 @@ class SessionCore:
         cap = self._unsent_cap
         if channel.holding:
             self._hold(n)  # what the format holds back counts in full
+            if channel.handle not in self.channels:
+                # Past max_session_memory it was the largest holder and was reset: nothing
+                # to queue or pause (its Finished is out).
+                return False
         elif old < cap:
             self._hold(min(new, cap) - old)
         if not channel.queued and channel.accepted:

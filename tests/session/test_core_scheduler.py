@@ -1,0 +1,109 @@
+"""The session core's send scheduler, driven with bytes: control frames first, one frame per
+channel in round-robin order, ``batch_bytes`` per batch, a channel alone filling its batch,
+how queued writes become frames, and channels that wait for acceptance or credit."""
+
+from __future__ import annotations
+
+from polymux.session import events as ce
+from polymux.wire import yamux as ywire
+
+from .corekit import core, drain, of, one, open_to, pair, pump, received
+
+
+def frames(out: list[object]) -> list[ywire.Frame]:
+    data = b"".join(bytes(p) for p in out)  # type: ignore[call-overload]
+    return ywire.Decoder(1 << 30).feed(data)
+
+
+def data_frames(out: list[object]) -> list[tuple[int, int]]:
+    """(stream id, length) of each yamux Data frame."""
+    return [(f.stream_id, f.length) for f in frames(out) if f.type == ywire.Type.DATA]
+
+
+def test_control_frames_go_before_queued_channel_data() -> None:
+    """A ping answer the peer asked for goes out ahead of a batch of channel data queued before
+    the ping arrived (control first: the peer's keepalive is not stuck behind our bulk)."""
+    a, b = pair("yamux", send_frame=1024)
+    mine, _ = open_to(a, b)
+    a.write(mine, b"d" * 8192)
+    a.receive_data(ywire.encode_header(ywire.Type.PING, ywire.Flag.SYN, 0, 77), 1.0)
+    out = frames(a.data_to_send())
+    assert (out[0].type, out[0].flags, out[0].length) == (ywire.Type.PING, ywire.Flag.ACK, 77)
+    assert [f.type for f in out[1:]] == [ywire.Type.DATA] * 8
+
+
+def test_channels_take_turns_one_frame_each() -> None:
+    """Three channels with three frames each go out interleaved frame by frame, in the order
+    they became ready; the last one left sends the rest of its data in one turn."""
+    a, b = pair("yamux", send_frame=1000)
+    handles = [open_to(a, b)[0] for _ in range(3)]
+    ids = {h: int(a.engine.channel_name(h)) for h in handles}
+    for h in handles:
+        a.write(h, bytes(2500))
+    order = [sid for sid, _n in data_frames(a.data_to_send())]
+    one_, two, three = (ids[h] for h in handles)
+    assert order == [one_, two, three, one_, two, three, one_, two, three]
+    assert a.data_to_send() == [] and not a.has_output
+
+
+def test_a_batch_stops_at_batch_bytes_and_the_next_goes_on_in_turn() -> None:
+    """batch_bytes bounds one batch; the next batch continues the round robin where it
+    stopped, so no channel starts over at the head of the queue."""
+    a, b = pair("yamux", send_frame=1024, batch_bytes=3000)
+    x, y = open_to(a, b)[0], open_to(a, b)[0]
+    sx, sy = int(a.engine.channel_name(x)), int(a.engine.channel_name(y))
+    a.write(x, bytes(4096))
+    a.write(y, bytes(4096))
+    first = data_frames(a.data_to_send())
+    assert first == [(sx, 1024), (sy, 1024), (sx, 1024)]  # 3072 >= 3000: the batch ends
+    second = data_frames(a.data_to_send())
+    assert second[0] == (sy, 1024)
+    assert sum(n for _sid, n in first + second + data_frames(a.data_to_send())) == 8192
+
+
+def test_a_channel_alone_fills_the_batch_in_one_turn() -> None:
+    """With no other channel waiting, one turn takes up to batch_bytes (cut into frames of
+    max_frame), not one frame per batch."""
+    a, b = pair("yamux", send_frame=1024, batch_bytes=4096)
+    x, _ = open_to(a, b)
+    a.write(x, bytes(10_000))
+    assert [n for _sid, n in data_frames(a.data_to_send())] == [1024] * 4
+    assert a.has_output  # still ready: the rest waits for the next batch
+    assert [n for _sid, n in data_frames(a.data_to_send())] == [1024] * 4
+    assert [n for _sid, n in data_frames(a.data_to_send())] == [1024, 784]
+    assert a.data_to_send() == []
+
+
+def test_small_writes_are_joined_and_large_ones_go_as_views() -> None:
+    """Runs of small writes become one part (one copy, frames stay full however the
+    application cut its writes); a write of 64 KiB or more goes out as views of the
+    caller's bytes (no copy)."""
+    a, b = pair("yamux", send_frame=1 << 20, batch_bytes=1 << 20)
+    x, y = open_to(a, b)
+    for i in range(100):
+        a.write(x, bytes([i]) * 10)
+    out = a.data_to_send()
+    assert len(out) == 2 and bytes(out[1]) == b"".join(bytes([i]) * 10 for i in range(100))
+    big = bytes(100_000)
+    a.write(x, big)
+    out = a.data_to_send()
+    assert isinstance(out[1], memoryview) and out[1].obj is big or out[1] is big
+    b.receive_data(drain(a), 0.0)
+    assert not of(b.events(), ce.Finished)
+    del y
+
+
+def test_take_splits_small_and_large_writes_at_the_quantum() -> None:
+    """A turn smaller than what is queued cuts a write in two (a view; the rest stays
+    queued, in order), whether it is a large write or inside a run of small ones; a small
+    write just before a large one goes alone."""
+    a, b = pair("yamux", send_frame=1000, batch_bytes=1 << 20)
+    x, y = open_to(a, b)
+    z, _ = open_to(a, b)
+    payload = [b"a" * 600, b"b" * 600, b"c" * 70_000, b"d" * 10, b"e" * 600]
+    for p in payload:
+        a.write(x, p)
+    a.write(z, b"z" * 5000)  # another channel waiting: x gets one frame (1000 bytes) per turn
+    pump(a, b)
+    events = b.events()
+    assert received(events, y) == b"".join(payload)
