@@ -51,7 +51,9 @@ def pair(
 ) -> tuple[SessionCore, SessionCore]:
     """A client core and a server core of ``fmt``, handshake done, events taken."""
     a = core(fmt, client=True, **{**both, **(client or {})})
-    b = core(fmt, client=False, handler=server_handler, offer_filter=offer_filter, **{**both, **(server or {})})
+    b = core(
+        fmt, client=False, handler=server_handler, offer_filter=offer_filter, **{**both, **(server or {})}
+    )
     pump(a, b)
     a.events()
     b.events()

@@ -16,7 +16,7 @@ from polymux.exceptions import (
     ProtocolError,
     SessionClosed,
 )
-from polymux.session import events as ce
+from polymux.session import SessionCore, events as ce
 from polymux.wire import mplex as mwire, mstream as mswire, yamux as ywire
 
 from .corekit import core, drain, of, one, open_to, pair, pump, received
@@ -153,12 +153,11 @@ def test_open_limits_raise_limit_exceeded() -> None:
     with pytest.raises(LimitExceeded, match="max_channels=4"):
         a.open_channel()
 
-    s, t = pair("streamux", streamux_id_bits=(1, 1, 1))
+    s, _ = pair("streamux", streamux_id_bits=(1, 1, 1))
     s.open_channel()
     s.open_channel()
     with pytest.raises(LimitExceeded, match="all 2 request ids are in flight"):
         s.open_channel()
-    del t
 
 
 def test_no_opens_once_closing_failed_or_the_peer_goes_away() -> None:
@@ -264,7 +263,8 @@ def test_closing_a_channel_lingers_until_the_peers_end_and_drops_what_arrives() 
     b.write_eof(y)
     pump(a, b)
     assert of(a.events(), ce.Finished) == [ce.Finished(x)]
-    assert not b.channels[y].buffered if y in b.channels else True
+    assert of(b.events(), ce.Finished) == [ce.Finished(y)]
+    assert not a.channels and not b.channels and b._unsent == 0
 
 
 def test_resets_either_way() -> None:
@@ -325,13 +325,12 @@ def test_the_peer_stopping_reading_stops_our_writing() -> None:
 # -- Streamux: held responses -------------------------------------------------------------------
 
 
-def streamux_request(a: object, b: object, body: bytes) -> tuple[int, int]:
+def streamux_request(a: SessionCore, b: SessionCore, body: bytes) -> tuple[int, int]:
     """A request from ``a`` that has not ended, seen by ``b``: (a's handle, b's handle)."""
-    x = a.open_channel()  # type: ignore[attr-defined]
-    a.write(x, body)  # type: ignore[attr-defined]
-    pump(a, b)  # type: ignore[arg-type]
-    incoming = one(b.events(), ce.Incoming)  # type: ignore[attr-defined]
-    return x, incoming.handle
+    x = a.open_channel()
+    a.write(x, body)
+    pump(a, b)
+    return x, one(b.events(), ce.Incoming).handle
 
 
 def test_a_streamux_response_is_held_until_its_request_ends() -> None:
@@ -411,7 +410,7 @@ def test_connection_lost_finishes_every_channel_keeping_what_ended_readable() ->
     is sent or timed."""
     a, b = pair("yamux", keepalive_interval=15.0)
     x, y = open_to(a, b)
-    v, w = open_to(a, b)
+    v, _ = open_to(a, b)
     b.write_eof(y)
     pump(a, b)
     a.events()
@@ -425,16 +424,18 @@ def test_connection_lost_finishes_every_channel_keeping_what_ended_readable() ->
     assert a.next_deadline() is None and a.data_to_send() == []
     a.connection_lost(None)  # twice: nothing more
     assert not a.events()
+    a.consumed(x, 10)  # the reader consumes what it kept: no credit on a closed engine
+    a.reset(v)  # gone: nothing
+    assert a.data_to_send() == []
     with pytest.raises(SessionClosed, match="the session is closed"):
         a.check_open()
-    del w
 
 
 def test_connection_lost_with_an_error_names_it() -> None:
     """Lost with an exception: the session failed, and the channels' error names it (its
     cause is the exception); after a session error, the channels name that error instead."""
     a, b = pair("mplex")
-    x, _ = open_to(a, b)
+    open_to(a, b)
     a.connection_lost(ConnectionResetError("reset by peer"))
     done = one(a.events(), ce.Finished)
     assert "connection lost: reset by peer" in str(done.error) and a.failed
@@ -477,3 +478,39 @@ def test_an_eof_inside_a_frame_is_a_protocol_error() -> None:
     d = core("yamux")
     d.receive_eof()
     assert d.error is None and d.closing
+
+
+def test_a_reset_after_the_peers_eof_sends_nothing() -> None:
+    """The peer ended the connection (EOF): resetting a channel before the loss is reported
+    finishes it without a frame for an engine that is closed."""
+    a, b = pair("yamux")
+    x, _ = open_to(a, b)
+    a.receive_eof()
+    a.reset(x)
+    assert of(a.events(), ce.Finished) == [ce.Finished(x)] and a.data_to_send() == []
+
+
+def test_frames_after_an_overflow_reset_in_the_same_read_are_ignored() -> None:
+    """slow_reader="reset" (no grace) resets a channel in the middle of a read; the frames
+    for it later in the same read (its end, its close, the peer no longer reading) find no
+    channel and are ignored."""
+    a, b = pair("mplex", server={"receive_window": 4096, "slow_reader": "reset", "slow_reader_timeout": 0})
+    x, y = open_to(a, b)
+    b.write_eof(y)
+    pump(a, b)
+    b.events()
+    a.write(x, bytes(5000))
+    a.write_eof(x)
+    b.receive_data(drain(a), 0.0)  # data, then the end: Ended and Closed for y
+    assert [type(e) for e in b.events()] == [ce.Data, ce.Finished]
+    assert not b.channels
+
+    c, d = pair(
+        "mstream-v1", server={"receive_window": 4096, "slow_reader": "reset", "slow_reader_timeout": 0}
+    )
+    x, y = open_to(c, d)
+    c.write(x, bytes(5000))
+    wire_id = c.engine._channels[x].wire_id  # type: ignore[attr-defined]
+    stop = mswire.encode_header(1, mswire.ControlCode.CONTENT_READING_COMPLETED, wire_id, 0)
+    d.receive_data(drain(c) + stop, 0.0)
+    assert [type(e) for e in d.events()] == [ce.Data, ce.Finished]
