@@ -288,6 +288,22 @@ def test_a_slow_reader_is_not_killed_by_send_timeout() -> None:
     assert not a.failed and a.next_deadline() is None
 
 
+def test_a_budget_stall_with_the_socket_paused_times_out() -> None:
+    """Reading already paused by the memory budget, then the socket stops taking our bytes
+    (the peer asks for data and does not read it): the send_timeout clock starts with the
+    pause, and with no progress the session ends."""
+    a, b = pair("yamux", server={"max_session_memory": 300 * 1024, "send_timeout": 5.0})
+    (x, _), (v, _) = open_to(a, b), open_to(a, b)
+    a.write(x, bytes(200 * 1024))
+    a.write(v, bytes(200 * 1024))
+    pump(a, b, 1.0)
+    assert not b.reading and b.next_deadline() is None
+    b.socket_paused(True, 70_000)
+    assert b.next_deadline() == 6.0
+    b.handle_timer(6.0, 70_000)
+    assert "the peer sends but is not reading: 70000 bytes unsent" in str(one(b.events(), ce.Failed).error)
+
+
 def test_send_timeout_none_waits_forever() -> None:
     """send_timeout=None: a stall never ends the session (no deadline)."""
     a = core("yamux", max_queued_control=1, send_timeout=None)
