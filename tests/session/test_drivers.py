@@ -243,7 +243,10 @@ async def test_a_reader_that_stops_bounds_what_the_session_holds(driver: str) ->
     (the session stops reading), whatever the sender writes."""
     budget = 2 * 1024 * 1024
     async with pair(
-        driver, "mplex", server_options={"max_session_memory": budget, "receive_window": 4 * budget}
+        driver,
+        "mplex",
+        close_timeout=1.0,  # the end: the client's flood is stuck unsent, its goodbye waits this long
+        server_options={"max_session_memory": budget, "receive_window": 4 * budget},
     ) as (client, server):
         chan = await client.open("flood")
         held = await server.accept()  # never read (kept: a writer collected would close it)
