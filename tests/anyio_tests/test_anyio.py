@@ -32,6 +32,7 @@ import gc
 import importlib.util
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -891,3 +892,26 @@ async def test_bulk_echo_keeps_moving(anyio_backend: str, protocol: str, window:
         await anyio.aclose_forcefully(client_end)
         await anyio.aclose_forcefully(server_end)
     assert stalled_at is None, f"deadlock: stuck at {stalled_at} of {count * size} bytes"
+
+
+# -- regression: closing is bounded when the peer does not read -------------------------------
+
+
+@anyio_test
+async def test_aclose_is_bounded_by_close_timeout_when_the_peer_does_not_read(anyio_backend: str) -> None:
+    """The peer never reads (a plain socket: an anyio stream on asyncio would buffer for it):
+    the writer task waits in send() with the socket full, holding the output. aclose() gives
+    its goodbye close_timeout, then cuts the connection (it used to wait, shielded, for ever:
+    the driver suite's mplex flood test hung 1 run in 4)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = await anyio.connect_tcp("127.0.0.1", listener.getsockname()[1])
+        peer, _ = listener.accept()  # queued already: returns at once; never read
+        with peer:
+            async with session(ours, protocol="mplex", close_timeout=0.5) as s:
+                channel = await s.open_channel("flood")
+                with anyio.move_on_after(1.0):
+                    while True:  # until the socket, then the channel's buffer, are full
+                        await channel.send(bytes(64 * 1024))
+                assert s._send_lock.locked()  # the writer task waits in send()
+                start = anyio.current_time()
+            assert anyio.current_time() - start < 5.0

@@ -1,0 +1,351 @@
+"""The session core's deadlines, driven with explicit times: keepalive (answered,
+unanswered, a busy peer's extension capped at 4 x keepalive_timeout, smux's unanswered
+ping), idle_timeout counting whole frames only, handshake_timeout, stream_open_timeout with
+max_unacked_opens, a closed channel's close deadline, and the timer heap's pruning."""
+
+from __future__ import annotations
+
+import pytest
+
+from polymux.exceptions import ChannelReset, LimitExceeded, PolymuxError, SessionClosed
+from polymux.session import NoRoomToOpen, SessionCore, events as ce
+from polymux.wire import yamux as ywire
+
+from .corekit import core, drain, of, one, open_to, pair, pump
+
+
+KEEPALIVE = {"keepalive_interval": 15.0, "keepalive_timeout": 10.0}
+
+
+def ping_syn(opaque: int) -> bytes:
+    return ywire.encode_header(ywire.Type.PING, ywire.Flag.SYN, 0, opaque)
+
+
+def keepalive_ping(c: SessionCore, now: float) -> int:
+    """Run the timer at ``now`` and return the opaque of the keepalive ping it sent."""
+    c.handle_timer(now)
+    (frame,) = ywire.Decoder(1 << 20).feed(drain(c))
+    assert (frame.type, frame.flags) == (ywire.Type.PING, ywire.Flag.SYN)
+    return frame.length
+
+
+# -- keepalive ----------------------------------------------------------------------------------
+
+
+def test_keepalive_pings_every_interval_and_an_answer_keeps_the_session() -> None:
+    """The first ping goes at once (its answer measures the RTT); the keepalive pings one
+    interval later, and its answer (a PingAnswered with the round-trip time) schedules the
+    next one an interval after it."""
+    a, b = pair("yamux", **KEEPALIVE)
+    assert a.next_deadline() == 15.0
+    a.handle_timer(14.0)  # early: nothing
+    assert not a.has_output
+    a.handle_timer(15.0)
+    assert a.next_deadline() == 25.0
+    pump(a, b, 16.5)
+    answered = one(a.events(), ce.PingAnswered)
+    assert answered.rtt == 1.5
+    assert a.next_deadline() == 31.5 and not a.failed
+
+
+def test_an_unanswered_keepalive_ends_the_session() -> None:
+    """No answer within keepalive_timeout: the session fails, saying so."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    keepalive_ping(a, 15.0)
+    a.receive_data(ping_syn(5), 20.0)  # a trickle of frames is no answer
+    a.handle_timer(25.0)
+    failed = one(a.events(), ce.Failed)
+    assert isinstance(failed.error, SessionClosed)
+    assert "keepalive failed: no answer to a ping within 10 s (keepalive_timeout=10)" in str(failed.error)
+    assert a.next_deadline() is None
+
+
+def test_a_busy_peer_gets_more_time_but_never_past_four_timeouts() -> None:
+    """While the peer fills our socket reads (its answer may sit behind what it sent), the
+    keepalive waits another timeout, up to 4 x keepalive_timeout in all; then it fails."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    keepalive_ping(a, 15.0)
+    flood = ping_syn(9) * 6000  # > 64 KiB in one read: a busy peer
+    for t in (24.0, 34.0, 44.0):
+        a.receive_data(flood, t)
+        drain(a)
+        a.handle_timer(t + 1.0)
+        assert not a.failed and a.next_deadline() == t + 11.0
+    a.receive_data(flood, 54.0)
+    a.handle_timer(55.0)
+    assert "within 40 s" in str(one(a.events(), ce.Failed).error)
+
+
+def test_a_busy_peer_that_goes_quiet_fails_at_the_next_deadline() -> None:
+    """One extension for a full read; no full read within the next timeout and no progress
+    on our unsent bytes: the keepalive fails after two timeouts."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    keepalive_ping(a, 15.0)
+    a.receive_data(ping_syn(9) * 6000, 20.0)
+    a.handle_timer(25.0)
+    assert not a.failed
+    a.handle_timer(35.0)
+    assert "within 20 s" in str(one(a.events(), ce.Failed).error)
+
+
+def test_our_unsent_bytes_shrinking_extends_the_keepalive() -> None:
+    """Our ping may sit behind what we send: while the socket's unsent bytes shrink (the
+    peer reads), the keepalive waits longer; when they stop shrinking, it fails."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    a.handle_timer(15.0, 50_000)
+    drain(a)
+    a.handle_timer(25.0, 30_000)
+    assert not a.failed and a.next_deadline() == 35.0
+    a.handle_timer(35.0, 30_000)
+    assert a.failed
+
+
+def test_an_application_ping_answered_does_not_end_the_keepalive_wait() -> None:
+    """The application's ping and its answer are its own: the keepalive still waits for the
+    answer to its ping. A ping the application gave up on gets no event when answered."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    keepalive = keepalive_ping(a, 15.0)
+    mine = a.ping(16.0)
+    assert mine != keepalive
+    drain(a)
+    ack_mine = ywire.encode_header(ywire.Type.PING, ywire.Flag.ACK, 0, mine)
+    a.receive_data(ack_mine, 17.0)
+    assert one(a.events(), ce.PingAnswered).opaque == mine
+    assert a.next_deadline() == 25.0
+    other = a.ping(18.0)
+    a.forget_ping(other)
+    a.receive_data(ywire.encode_header(ywire.Type.PING, ywire.Flag.ACK, 0, other), 19.0)
+    assert not of(a.events(), ce.PingAnswered)
+
+
+def test_no_keepalive_ping_while_closing() -> None:
+    """A session that is closing sends no keepalive ping (and fails no keepalive)."""
+    a = core("yamux", **KEEPALIVE)
+    drain(a)
+    a.close()
+    drain(a)
+    a.handle_timer(15.0)
+    assert not a.has_output and a.next_deadline() is None
+
+
+def test_smux_keepalive_is_answered_by_any_frame_and_waits_one_interval_more() -> None:
+    """smux: nothing answers a NOP, so the application cannot ping; the keepalive counts
+    the peer's next whole frame as the answer, and waits keepalive_timeout plus one
+    interval (an idle peer sends its own keepalive only once per interval)."""
+    a, b = pair("smux", **KEEPALIVE)
+    with pytest.raises(PolymuxError, match="smux has no ping"):
+        a.ping(1.0)
+    a.handle_timer(15.0)
+    assert a.next_deadline() == 40.0
+    b.receive_data(drain(a), 15.0)
+    assert not b.has_output  # a NOP gets no answer
+    b.handle_timer(15.0)
+    a.receive_data(drain(b), 16.0)  # b's own keepalive NOP: a whole frame
+    assert one(a.events(), ce.PingAnswered)
+    assert a.next_deadline() == 31.0
+    a.handle_timer(31.0)
+    a.handle_timer(56.0)
+    assert "within 25 s (keepalive_timeout=10)" in str(one(a.events(), ce.Failed).error)
+
+
+def test_formats_without_ping_have_no_keepalive() -> None:
+    """mplex has no ping: no keepalive deadline, and ping() raises."""
+    a = core("mplex", **KEEPALIVE)
+    assert a.next_deadline() is None
+    with pytest.raises(PolymuxError, match="mplex has no ping"):
+        a.ping(0.0)
+
+
+# -- idle_timeout ---------------------------------------------------------------------------------
+
+
+def test_idle_timeout_counts_whole_frames_only() -> None:
+    """A session with no channels closes after idle_timeout without a whole frame from the
+    peer: the bytes of a frame that never ends do not count; a whole frame restarts the
+    clock. The close says goodbye on the wire (yamux GoAway)."""
+    a = core("yamux", idle_timeout=300.0)
+    drain(a)
+    a.events()
+    assert a.next_deadline() == 300.0
+    a.receive_data(ping_syn(1), 100.0)
+    drain(a)
+    assert a.next_deadline() == 400.0
+    a.receive_data(ping_syn(2)[:7], 350.0)  # half a frame: no activity
+    assert a.next_deadline() == 400.0
+    a.handle_timer(399.0)
+    assert not a.events()
+    a.handle_timer(400.0)
+    failed = one(a.events(), ce.Failed)
+    assert "closed after 300 s with no channels and no frame received (idle_timeout)" in str(failed.error)
+    assert not a.failed and a.closing  # a clean end, not an error
+    (goaway,) = ywire.Decoder(1 << 20).feed(drain(a))
+    assert goaway.type == ywire.Type.GO_AWAY
+    assert a.next_deadline() is None
+
+
+def test_idle_timeout_waits_while_channels_are_open() -> None:
+    """While a channel is open there is no idle deadline; when the last one goes the clock
+    starts from then."""
+    a, b = pair("mplex", idle_timeout=300.0)
+    x, _ = open_to(a, b, now=10.0)
+    assert a.next_deadline() is None
+    a.handle_timer(500.0)
+    a.reset(x)
+    assert a.next_deadline() == 800.0
+
+
+def test_idle_timeout_after_the_peers_eof_closes_no_engine_twice() -> None:
+    """The peer ended the connection (EOF) and the driver has not reported the loss yet:
+    the idle deadline still ends the session, without a goodbye on a closed engine."""
+    a = core("yamux", idle_timeout=5.0)
+    drain(a)
+    a.receive_eof()
+    a.handle_timer(5.0)
+    assert one(a.events(), ce.Failed) and a.data_to_send() == []
+
+
+# -- handshake_timeout ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["streamux", "mstream-v1"])
+def test_no_handshake_within_handshake_timeout_ends_the_session(fmt: str) -> None:
+    """A peer that connects and never completes its handshake is dropped at
+    handshake_timeout (servers included)."""
+    a = core(fmt, client=False, handshake_timeout=10.0)
+    assert a.next_deadline() == 10.0
+    a.handle_timer(9.0)
+    assert not a.events()
+    a.handle_timer(10.0)
+    assert "no handshake from the peer within 10 s (handshake_timeout)" in str(
+        one(a.events(), ce.Failed).error
+    )
+    a.handle_timer(20.0)  # failed: the timer does nothing more
+    assert not a.events()
+
+
+def test_a_handshake_in_time_clears_its_deadline() -> None:
+    """The handshake completes: Ready, and no handshake deadline any more."""
+    a, b = core("streamux", handshake_timeout=10.0), core("streamux", client=False, handshake_timeout=10.0)
+    pump(a, b, 3.0)
+    assert of(a.events(), ce.Ready) and a.next_deadline() is None
+
+
+# -- stream_open_timeout and max_unacked_opens ---------------------------------------------------
+
+
+def test_opens_beyond_max_unacked_opens_wait_for_an_acknowledgement() -> None:
+    """yamux: at most max_unacked_opens of our opens await the peer's ACK; one more raises
+    NoRoomToOpen, and each ACK (or an unacknowledged channel ending) makes room
+    (RoomToOpen)."""
+    a, b = pair("yamux", client={"max_unacked_opens": 2})
+    a.open_channel()
+    y = a.open_channel()
+    assert a.room_to_open == 0
+    with pytest.raises(NoRoomToOpen, match="max_unacked_opens=2"):
+        a.open_channel()
+    a.reset(y)  # gone before its ACK: room for one
+    assert one(a.events(), ce.RoomToOpen) == ce.RoomToOpen()
+    assert a.room_to_open == 1
+    pump(a, b)
+    assert [type(e) for e in a.events()] == [ce.RoomToOpen, ce.Accepted]
+    assert a.room_to_open == 2
+
+
+def test_an_open_not_acknowledged_in_time_is_reset_and_fails_the_first_waiter() -> None:
+    """An open the peer never acknowledges is reset at stream_open_timeout; the channel
+    fails with ChannelReset, and RoomToOpen carries a LimitExceeded for the first waiting
+    open (a peer that does not accept would reset it too). An open acknowledged in time
+    is left alone by its timer."""
+    a, b = pair("yamux", client={"max_unacked_opens": 2, "stream_open_timeout": 75.0})
+    x = a.open_channel()
+    pump(a, b, 1.0)  # acknowledged
+    a.events()
+    y = a.open_channel()  # never acknowledged: the peer does not see it
+    stream = int(a.engine.channel_name(y))
+    drain(a)
+    assert a.next_deadline() == 75.0  # x's deadline: due, but x was acknowledged
+    a.handle_timer(75.0)
+    assert not a.events() and x in a.channels
+    assert a.next_deadline() == 76.0
+    a.handle_timer(76.0)
+    events = a.events()
+    done = one(events, ce.Finished)
+    assert done.handle == y and isinstance(done.error, ChannelReset)
+    assert "not acknowledged within stream_open_timeout=75 s" in str(done.error)
+    room = one(events, ce.RoomToOpen)
+    assert isinstance(room.error, LimitExceeded) and "stream_open_timeout=75 s" in str(room.error)
+    assert x in a.channels
+    frames = ywire.Decoder(1 << 20).feed(drain(a))
+    assert [(f.stream_id, f.flags) for f in frames] == [(stream, ywire.Flag.RST)]
+
+
+def test_opens_are_not_limited_on_formats_without_acknowledgements() -> None:
+    """mplex: opens are usable at once and never acknowledged: no open deadline, no limit."""
+    a = core("mplex", max_unacked_opens=1)
+    for _ in range(3):
+        a.open_channel()
+    assert a.next_deadline() is None and a.room_to_open == 1
+
+
+# -- a closed channel's deadline ------------------------------------------------------------
+
+
+def test_a_closed_channel_whose_peer_never_ends_is_reset_at_close_timeout() -> None:
+    """close_channel(): our end goes out, the channel lingers (Finished, lingering) until
+    the peer ends its side; at close_timeout it is reset."""
+    a, b = pair("yamux", close_timeout=10.0)
+    x, _ = open_to(a, b)
+    a.close_channel(x)
+    a.close_channel(x)  # twice: nothing more
+    pump(a, b)
+    events = a.events()
+    assert of(events, ce.Finished) == [ce.Finished(x, lingering=True)]
+    assert a.next_deadline() == 10.0
+    a.handle_timer(10.0)
+    assert of(a.events(), ce.Finished) == [ce.Finished(x)]
+    (rst,) = ywire.Decoder(1 << 20).feed(drain(a))
+    assert rst.flags == ywire.Flag.RST
+
+
+def test_a_closed_channel_that_the_peer_ends_in_time_finishes_cleanly() -> None:
+    """The peer ends its side before close_timeout: the channel finishes; what it sent
+    meanwhile was dropped and its credit returned; the deadline then finds nothing."""
+    a, b = pair("yamux", close_timeout=10.0)
+    x, y = open_to(a, b)
+    b.write(y, bytes(1000))
+    pump(a, b)
+    a.events()
+    assert a.channels[x].unconsumed == 1000
+    a.close_channel(x)  # unread bytes released and credited
+    assert a.channels[x].unconsumed == 0 and a._held == 0
+    b.write(y, bytes(500))  # arrives after close: dropped
+    b.write_eof(y)
+    pump(a, b)
+    events = a.events()
+    assert not of(events, ce.Data) and not of(events, ce.Ended)
+    assert of(events, ce.Finished)[-1] == ce.Finished(x)
+    a.handle_timer(10.0)
+    assert not a.events()
+
+
+# -- the timer heap -------------------------------------------------------------------------
+
+
+def test_the_timer_heap_drops_entries_of_gone_channels() -> None:
+    """Channel churn leaves deadlines of channels that are gone in the heap; once they are
+    most of it they are dropped, so a long session's heap stays bounded by its live
+    channels."""
+    a = core("yamux")
+    for _ in range(500):
+        x = a.open_channel()
+        a.reset(x)
+    assert len(a._timers) <= 2 * len(a.channels) + 65
+    live = a.open_channel()
+    assert any(t[2] == live for t in a._timers)
+    a.handle_timer(75.0)  # the dead entries due are skipped, the live one fires
+    assert live not in a.channels
