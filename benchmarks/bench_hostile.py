@@ -84,7 +84,7 @@ FLOODS: list[tuple[str, str, str, Flood]] = [
 async def run_one(
     name: str, fmt: str, mode: str, flood: Flood, args: argparse.Namespace
 ) -> tuple[str, list[tuple[float, int]], int, str]:
-    async with ServerProcess(fmt, mode, pythonpath=args.src) as server:
+    async with ServerProcess(fmt, mode, pythonpath=args.src, quiet=True) as server:
         assert server.proc is not None
         peer = await RawPeer.connect(server.port, fmt)
         try:

@@ -50,6 +50,7 @@ class ServerProcess:
         *,
         uvloop: bool = False,
         pythonpath: str | None = None,
+        quiet: bool = False,
         **options: Any,
     ) -> None:
         self.spec = {
@@ -60,6 +61,7 @@ class ServerProcess:
             "lenient": pythonpath is not None,
         }
         self.pythonpath = pythonpath
+        self.quiet = quiet  # the server's stderr dropped (benchmarks), else shown
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
         self.lines: asyncio.Queue[str] = asyncio.Queue()
@@ -76,7 +78,7 @@ class ServerProcess:
             json.dumps(self.spec),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=None,
+            stderr=subprocess.DEVNULL if self.quiet else None,
             env=env,
         )
         assert self.proc.stdout is not None

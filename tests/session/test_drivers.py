@@ -242,8 +242,11 @@ async def test_a_reader_that_stops_bounds_what_the_session_holds(driver: str) ->
     """No credit on the wire (mplex): the receiver's unread bytes stay bounded by its budget
     (the session stops reading), whatever the sender writes."""
     budget = 2 * 1024 * 1024
-    async with pair(
-        driver, "mplex", server_options={"max_session_memory": budget, "receive_window": 4 * budget}
+    async with pair(  # (close_timeout: closing with unsent data and a peer that reads none)
+        driver,
+        "mplex",
+        close_timeout=1.0,
+        server_options={"max_session_memory": budget, "receive_window": 4 * budget},
     ) as (client, server):
         chan = await client.open("flood")
         held = await server.accept()  # never read (kept: a writer collected would close it)

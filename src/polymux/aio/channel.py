@@ -438,14 +438,17 @@ class ChannelTransport(asyncio.Transport):
         """The reader needs more than it holds: give it the backlog and credit what it
         holds. Returns True if it got data (it need not wait)."""
         fed = self._top_up()
+        reader = self._reader
+        held = reader.buffered if reader is not None else 0
         pending = self._unconsumed + self._ack_pending
         self._unconsumed = self._ack_pending = 0
         if pending:
             self._core.consumed(self._handle, pending, self._host.now())
         self._core.reader_waiting(self._handle)
         self._host.process()
-        # (processing may have fed the reader too: then it need not wait either)
-        return fed or (self._reader is not None and self._reader.buffered > 0)
+        # Processing may have fed the reader too (then it need not wait either); what it
+        # already held is not news (readexactly(n) wants more than that).
+        return fed or (reader is not None and reader.buffered > held)
 
     def remote_end(self) -> None:
         """The peer finished writing."""

@@ -366,15 +366,21 @@ class MuxProtocol(asyncio.Protocol):
             self._on_pair_offer(role[0], role[1], name, channel)
             return
         reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        if self._handler is not None:
-            protocol = ChannelStreamProtocol(reader, self._run_handler, loop=self.loop)
-            channel.attach(protocol, reader)
-            return
         protocol = ChannelStreamProtocol(reader, loop=self.loop)
         channel.attach(protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
+        if self._handler is not None:
+            # Our own task, not StreamReaderProtocol's client_connected_cb: its done-callback
+            # logs a handler cancelled at shutdown as an error (CPython 3.11).
+            self._start_handler(reader, writer)
+            return
         self._incoming.append((name, handle, (reader, writer)))
         self._serve_accept_waiters()
+
+    def _start_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = self.loop.create_task(self._run_handler(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run the channel handler; an exception it raises resets the channel, carrying
@@ -390,7 +396,11 @@ class MuxProtocol(asyncio.Protocol):
                 await result
         except Exception as exc:
             transport = writer.transport
-            logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
+            if isinstance(exc, (SessionClosed, ConnectionError)) and self.core.lost:
+                # The session ended under the handler: not the handler's failure.
+                logger.info("%s: channel handler ended with the session: %s", self.engine.format, exc)
+            else:
+                logger.error("%s: channel handler failed on %s", self.engine.format, transport, exc_info=exc)
             if isinstance(transport, ChannelTransport):
                 transport.reset(exc)
         finally:

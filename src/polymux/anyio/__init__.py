@@ -430,10 +430,13 @@ class AnyioSession:
             if not self._done.is_set():
                 self.core.close()
                 self._process()
-                try:
-                    await self._send_output()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    pass
+                # Bounded: a peer that does not read must not hold the close (nor the task
+                # that is stuck sending to it, and its lock).
+                with anyio.move_on_after(self.config.close_timeout):
+                    try:
+                        await self._send_output()
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        pass
                 await self._stream.aclose()
                 self._end(None)
 

@@ -375,6 +375,8 @@ class SessionCore:
             if len(data) >= _BUSY_READ:
                 self._last_busy = now
         for event in events:
+            if self.failed:
+                break  # the session ended on an earlier event of this read (an open too many)
             self._on_event(event)
         if self._write_paused and engine.queued_frames > self.config.max_queued_control:
             # The peer sends frames that need answers and does not read them.
@@ -1173,8 +1175,10 @@ class SessionCore:
         engine.ack_consumed(handle, n)
 
     def _fail(self, error: BaseException) -> None:
-        if self.error is None or not self.failed:
-            self.error = error
-            self.failed = True
+        """End the session because of ``error`` (once: later failures add nothing)."""
+        if self.failed:
+            return
+        self.error = error
+        self.failed = True
         self.closing = True
         self._events.append(ce.Failed(error))
