@@ -59,5 +59,6 @@ nitpick_ignore_regex = [
     (r"py:.*", r"polymux\._types\..*"),  # type aliases shown by their private home
     (r"py:class", r"polymux\.aio\.session\.MuxProtocol"),  # the protocol behind a Session: internal
     (r"py:class", r"polymux\.apps\.common\.T"),  # a TypeVar
+    (r"py:.*", r"polymux\.engine\.base\.R"),  # a TypeVar (an engine's record type)
 ]
 suppress_warnings = ["myst.header"]
