@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic
 from polymux._types import BytesLike
 from polymux.engine.channel import IGNORE, ChannelRecord, ChannelState, Input, Transitions
 from polymux.engine.events import ChannelClosed, ChannelEnded, DataReceived, Event
+from polymux.engine.flow import ReceiveWindow, SendCredit
 from polymux.exceptions import FlowControlError, PolymuxError, ProtocolError
 
 
@@ -211,8 +212,29 @@ class Engine(ABC, Generic[R]):
         assert isinstance(state, ChannelState)
         return state
 
-    def _add(self, record: R) -> R:
-        """Track a new channel."""
+    def _create(
+        self,
+        cls: type[R],
+        wire_id: int,
+        *,
+        local: bool,
+        name: str,
+        send: SendCredit,
+        recv: ReceiveWindow | None = None,
+        **fields: Any,
+    ) -> R:
+        """Create and track the record of a new channel, opened by us (``local``) or by the
+        peer, in the state the format's table starts it in; ``fields``: the format's own."""
+        record = cls(
+            handle=self._new_handle(),
+            wire_id=wire_id,
+            local_origin=local,
+            name=name,
+            send=send,
+            recv=recv,
+            state=self._initial(local),
+            **fields,
+        )
         self._channels[record.handle] = record
         self._by_wire[self._wire_key(record)] = record
         return record
@@ -445,20 +467,29 @@ class Engine(ABC, Generic[R]):
     def ack_consumed(self, channel: int, n: int) -> None:
         """The application consumed ``n`` bytes of ``channel``: return credit as due."""
 
+    def _credit_due(self, channel: int, n: int) -> tuple[R, int] | None:
+        """``n`` bytes of ``channel`` were consumed: its record and the credit now due to
+        the peer, or None when none is (not yet, or the channel has no receive window, is
+        gone, or the peer ended it: after its end no more data comes, credit is moot)."""
+        record = self._channels.get(channel)
+        if record is None or record.recv is None or record.remote_end:
+            return None
+        credit = record.recv.consumed(n)
+        return (record, credit) if credit else None
+
     def receive_eof(self) -> None:
         """The peer closed its side of the connection. Raises
         :class:`~polymux.exceptions.ProtocolError` if that cut a frame in half."""
-        unfinished = self._unfinished_input()
+        pending, what = self._unfinished_input()
         self.closed = True
-        if unfinished is not None:
-            pending, what = unfinished
+        if pending:
             raise ProtocolError(
                 self.format, f"connection ended inside a {what} ({pending} bytes of it received)"
             )
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        """``(bytes held back, what they start)`` when received input stops mid-frame."""
-        return None
+    @abstractmethod
+    def _unfinished_input(self) -> tuple[int, str]:
+        """``(bytes held back, what they start)``: received input that stops mid-frame."""
 
     @property
     def can_open(self) -> bool:

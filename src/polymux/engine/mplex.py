@@ -122,9 +122,8 @@ class MplexEngine(Engine[ChannelRecord]):
             runs.flush()
             self._on_control(stream_id, flag, body, runs.events)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        return (pending, "frame") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        return self._decoder.pending, "frame"
 
     def _on_control(self, stream_id: int, flag: int, body: BytesLike, events: list[Event]) -> None:
         if flag == Flag.NEW_STREAM:
@@ -195,14 +194,7 @@ class MplexEngine(Engine[ChannelRecord]):
         return _AS_INITIATOR if record.local_origin else _AS_RECEIVER
 
     def _new_record(self, stream_id: int, *, local: bool, name: str) -> ChannelRecord:
-        return self._add(
-            ChannelRecord(
-                handle=self._new_handle(),
-                wire_id=stream_id,
-                local_origin=local,
-                name=name or str(stream_id),  # multiplex: empty name = the id as a string
-                send=SendCredit(None),
-                recv=None,
-                state=self._initial(local),
-            )
+        # multiplex: an empty name is the id as a string
+        return self._create(
+            ChannelRecord, stream_id, local=local, name=name or str(stream_id), send=SendCredit(None)
         )

@@ -189,9 +189,8 @@ class MStreamEngine(Engine[MStreamRecord]):
             else:
                 self._on_frame(item, runs.events)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        return (pending, "handshake" if not self.ready else "frame") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        return self._decoder.pending, "frame" if self.ready else "handshake"
 
     def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
         if hs.version[0] != self.version:
@@ -386,13 +385,11 @@ class MStreamEngine(Engine[MStreamRecord]):
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Return credit for consumed bytes, batched (ContentProcessed, v2/v3)."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
-            # After the peer's ContentWritingCompleted no more data comes: credit is moot,
-            # and the JS port fails on ContentProcessed for a channel it already disposed.
-            return
-        credit = record.recv.consumed(n)
-        if credit:
+        # (None after the peer's ContentWritingCompleted: the JS port fails on a
+        # ContentProcessed for a channel it already disposed)
+        due = self._credit_due(channel, n)
+        if due is not None:
+            record, credit = due
             self._send(C.CONTENT_PROCESSED, record, wire.encode_content_processed(credit))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -408,16 +405,8 @@ class MStreamEngine(Engine[MStreamRecord]):
         return window
 
     def _new_record(self, cid: int, *, local: bool, name: str, send: SendCredit) -> MStreamRecord:
-        return self._add(
-            MStreamRecord(
-                handle=self._new_handle(),
-                wire_id=cid,
-                local_origin=local,
-                name=name,
-                send=send,
-                recv=self._new_receive_window(),
-                state=self._initial(local),
-            )
+        return self._create(
+            MStreamRecord, cid, local=local, name=name, send=send, recv=self._new_receive_window()
         )
 
     def _new_receive_window(self) -> ReceiveWindow | None:

@@ -227,9 +227,8 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         # The codec names the spec's format; the legacy numbering is a format of its own.
         return exc if exc.format == self.format else ProtocolError(self.format, exc.detail)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending if self._decoder is not None else 0
-        return (pending, "length-prefixed message") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        return (self._decoder.pending if self._decoder is not None else 0), "length-prefixed message"
 
     def _on_message(self, message: wire.Message, runs: DataRuns) -> None:
         kind, sid, payload = message
@@ -342,19 +341,16 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         config = self.config
         granted = sum(r.recv.window * r.send.chunk for r in self._channels.values() if r.recv is not None)
         window = max(1, budget_window(config.receive_window, config.max_session_memory, granted) // chunk)
-        record = self._add(
-            OmnistreamsRecord(
-                handle=self._new_handle(),
-                wire_id=sid,
-                local_origin=False,
-                name=name,
-                send=MessageCredit(chunk),
-                recv=MessageWindow(window, max(1, window // 4)),
-                state=self._initial(False),
-                chunk=chunk,
-                metadata=raw,
-                meta=meta,
-            )
+        record = self._create(
+            OmnistreamsRecord,
+            sid,
+            local=False,
+            name=name,
+            send=MessageCredit(chunk),
+            recv=MessageWindow(window, max(1, window // 4)),
+            chunk=chunk,
+            metadata=raw,
+            meta=meta,
         )
         if len(raw) > config.max_name_bytes:
             self.reject_channel(record.handle)  # metadata beyond max_name_bytes: refused
@@ -371,19 +367,15 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
             raise RuntimeError(f"{self.format}: all 256 stream ids are in use")
         sid = self._free_ids.popleft()
         metadata = encode_metadata(name, self.chunk_size, extra)
-        record = self._add(
-            OmnistreamsRecord(
-                handle=self._new_handle(),
-                wire_id=sid,
-                local_origin=True,
-                name=name,
-                send=MessageCredit(self.chunk_size),
-                recv=None,
-                state=self._initial(True),
-                chunk=self.chunk_size,
-                metadata=metadata,
-                meta=decode_metadata(metadata),
-            )
+        record = self._create(
+            OmnistreamsRecord,
+            sid,
+            local=True,
+            name=name,
+            send=MessageCredit(self.chunk_size),
+            chunk=self.chunk_size,
+            metadata=metadata,
+            meta=decode_metadata(metadata),
         )
         self._emit(Kind.CREATE, sid, metadata)
         return record.handle

@@ -177,12 +177,9 @@ class SmuxEngine(Engine[SmuxRecord]):
             runs.events.extend(PingAcked(opaque) for opaque in self._pings)
             self._pings.clear()
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        if not pending:
-            return None
+    def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
-        return pending, "frame" + (f" on stream {where}" if where is not None else "")
+        return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"
 
     def _on_frame(self, cmd: int, stream_id: int, body: BytesLike, events: list[Event]) -> None:
         if cmd == Cmd.NOP:
@@ -277,17 +274,17 @@ class SmuxEngine(Engine[SmuxRecord]):
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Version 2: return credit (a UPD) once enough is consumed. Version 1: nothing."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
-            return
-        credit = record.recv.consumed(n)
-        if credit:
+        due = self._credit_due(channel, n)
+        if due is not None:
+            record, credit = due
+            recv = record.recv
+            assert recv is not None
             record.acked += credit
             self._credit[channel] = record
-            if record.recv.window > record.window:
+            if recv.window > record.window:
                 # A window below the 256 KiB the peer starts with: what it may have sent on
                 # that guess shrinks as we acknowledge, down to our window.
-                record.recv.window = max(record.window, wire.INITIAL_PEER_WINDOW - record.acked)
+                recv.window = max(record.window, wire.INITIAL_PEER_WINDOW - record.acked)
 
     def ping(self) -> int:
         """Send a NOP; returns an opaque value. Nothing answers a NOP: the next whole frame
@@ -315,17 +312,14 @@ class SmuxEngine(Engine[SmuxRecord]):
             # Until it hears from us the peer may have 256 KiB in flight, whatever our window.
             recv = ReceiveWindow(max(window, wire.INITIAL_PEER_WINDOW), threshold)
             send = SendCredit(wire.INITIAL_PEER_WINDOW)
-        return self._add(
-            SmuxRecord(
-                handle=self._new_handle(),
-                wire_id=stream_id,
-                local_origin=local,
-                name=name or str(stream_id),
-                send=send,
-                recv=recv,
-                state=self._initial(local),
-                window=window,
-            )
+        return self._create(
+            SmuxRecord,
+            stream_id,
+            local=local,
+            name=name or str(stream_id),
+            send=send,
+            recv=recv,
+            window=window,
         )
 
     def _announce(self, record: SmuxRecord) -> None:

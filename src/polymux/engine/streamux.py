@@ -221,11 +221,9 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         elif n != self.negotiated:
             raise self._error(f"quick init assumed {self.negotiated}, negotiation gave {n}")
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = (self._decoder.pending if self._decoder else 0) + (
-            len(self._init_buf) if self.theirs is None else 0
-        )
-        return (pending, "chunk") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        pending = self._decoder.pending if self._decoder else 0
+        return pending + (len(self._init_buf) if self.theirs is None else 0), "chunk"
 
     def _on_request(self, cid: int, termination: bool, payload: BytesLike, events: list[Event]) -> None:
         n = len(payload)
@@ -429,17 +427,7 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         self._out.append(wire.encode_header(self.negotiated, cid, length, response, termination))
 
     def _new_record(self, cid: int, *, local: bool, name: str = "") -> StreamuxRecord:
-        return self._add(
-            StreamuxRecord(
-                handle=self._new_handle(),
-                wire_id=cid,
-                local_origin=local,
-                name=name or str(cid),
-                send=SendCredit(None),
-                recv=None,
-                state=self._initial(local),
-            )
-        )
+        return self._create(StreamuxRecord, cid, local=local, name=name or str(cid), send=SendCredit(None))
 
     def _release(self, record: StreamuxRecord) -> None:
         self._release_hold(record)

@@ -165,12 +165,9 @@ class YamuxEngine(Engine[YamuxRecord]):
         self._go_away(GoAwayCode.PROTOCOL_ERROR)
         return exc
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        if not pending:
-            return None
+    def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
-        return pending, "frame" + (f" on stream {where}" if where is not None else "")
+        return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"
 
     def _on_frame(
         self, type_: int, flags: int, stream_id: int, length: int, body: BytesLike, events: list[Event]
@@ -288,13 +285,12 @@ class YamuxEngine(Engine[YamuxRecord]):
     def ack_consumed(self, channel: int, n: int) -> None:
         """Return credit once half the window is consumed, growing the window when the
         reader keeps up (auto-tuning)."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
+        due = self._credit_due(channel, n)
+        if due is None:
             return
+        record, credit = due
         recv = record.recv
-        credit = recv.consumed(n)
-        if not credit:
-            return
+        assert recv is not None
         growth = 0
         max_window = self.config.max_receive_window
         if self.rtt is not None and self.now - record.epoch < 4 * self.rtt and recv.window < max_window:
@@ -336,17 +332,14 @@ class YamuxEngine(Engine[YamuxRecord]):
             self._out.append(wire.encode_header(Type.GO_AWAY, 0, 0, code))
 
     def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> YamuxRecord:
-        return self._add(
-            YamuxRecord(
-                handle=self._new_handle(),
-                wire_id=stream_id,
-                local_origin=local,
-                name=name or str(stream_id),
-                send=SendCredit(wire.INITIAL_WINDOW),
-                recv=ReceiveWindow(wire.INITIAL_WINDOW, wire.INITIAL_WINDOW // 2),
-                state=self._initial(local),
-                epoch=self.now,
-            )
+        return self._create(
+            YamuxRecord,
+            stream_id,
+            local=local,
+            name=name or str(stream_id),
+            send=SendCredit(wire.INITIAL_WINDOW),
+            recv=ReceiveWindow(wire.INITIAL_WINDOW, wire.INITIAL_WINDOW // 2),
+            epoch=self.now,
         )
 
     def _send_flags(self, record: YamuxRecord, flags: int) -> None:

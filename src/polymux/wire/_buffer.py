@@ -66,16 +66,17 @@ class FrameBuffer:
         self._need = 0
         return held
 
-    def complete(self, data: BytesLike, frame_size: Callable[[bytes], int]) -> tuple[bytes | None, int]:
-        """Add the start of ``data`` to the held frame.
+    def resume(self, data: BytesLike, frame_size: Callable[[bytes], int]) -> tuple[bytes | None, int]:
+        """Complete the held frame with the start of ``data`` (a decoder calls this when it
+        holds something, or when its first item is special: a handshake).
 
         ``frame_size(probe)`` reads a header at the start of ``probe`` and returns the size
         of its whole frame (header included), raises :data:`INCOMPLETE` when ``probe`` is
         too short to tell, or raises the format's ``ProtocolError`` for a bad header.
 
-        Returns ``(frame, used)``: the whole frame, a copy, and how many bytes of ``data``
-        it took (parsing goes on at ``data[used:]``); or ``(None, len(data))`` when
-        ``data`` did not finish it and is all held.
+        Returns ``(frame, pos)``: the frame, now whole (a copy), and where parsing goes on
+        in ``data``; or ``(None, len(data))`` when ``data`` did not finish it (it is all
+        held: parsing ``data`` from ``pos`` finds nothing more).
         """
         held = self.held
         have = len(held)

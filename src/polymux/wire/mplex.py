@@ -98,15 +98,9 @@ class Decoder:
         """Decode every complete frame."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
         buffer = self._buffer
-        if buffer.held:
-            whole, pos = buffer.complete(data, self._frame_size)
-            if whole is None:
-                return out
-            header_len, _body_len, stream_id, flag = self._header(whole, 0, len(whole))
-            out.append(Frame(stream_id, flag, memoryview(whole)[header_len:]))
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._whole_frame(whole)]
         mv = memoryview(data)
         end = len(data)
         header = self._header
@@ -167,6 +161,10 @@ class Decoder:
     def _frame_size(self, head: bytes) -> int:
         header_len, body_len, _stream_id, _flag = self._header(head, 0, len(head))
         return header_len + body_len
+
+    def _whole_frame(self, frame: bytes) -> Frame:
+        header_len, _body_len, stream_id, flag = self._header(frame, 0, len(frame))
+        return Frame(stream_id, flag, memoryview(frame)[header_len:])
 
     def _header(self, buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
         """Return ``(header length, body length, stream id, flag)``."""

@@ -364,16 +364,15 @@ class Decoder:
         """Decode as much of ``data`` (plus earlier leftovers) as forms complete frames."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame | Handshake] = []
-        pos = 0
+        # The first item straddles feeds (or is the handshake): complete it, then parse the
+        # rest in place. (A handshake is decided within its first 22 bytes: none piles up.)
         buffer = self._buffer
-        if buffer.held or self._need_handshake:
-            # The first item straddles feeds (or is the handshake): complete it, then parse
-            # the rest in place.
-            whole, pos = buffer.complete(data, self._frame_size)
-            if whole is None:
-                return out  # (a handshake is decided within its first 22 bytes: none piles up)
-            out.append(self._parse(memoryview(whole), 0, len(whole)))
+        whole, pos = (
+            buffer.resume(data, self._frame_size) if buffer.held or self._need_handshake else (None, 0)
+        )
+        out: list[Frame | Handshake] = (
+            [] if whole is None else [self._parse(memoryview(whole), 0, len(whole))]
+        )
         mv = memoryview(data)
         end = len(data)
         header = self._header

@@ -234,14 +234,9 @@ class LengthPrefixDecoder:
 
     def feed(self, data: BytesLike) -> list[BytesLike]:
         """Return the whole messages completed by ``data``."""
-        out: list[BytesLike] = []
-        pos = 0
         buffer = self._buffer
-        if buffer.held:
-            whole, pos = buffer.complete(data, self._message_size)
-            if whole is None:
-                return out
-            out.append(memoryview(whole)[LENGTH_PREFIX:])
+        whole, pos = buffer.resume(data, self._message_size) if buffer.held else (None, 0)
+        out: list[BytesLike] = [] if whole is None else [memoryview(whole)[LENGTH_PREFIX:]]
         view = memoryview(data)
         end = len(view)
         need = 0  # the size of the message the loop stops inside, when known

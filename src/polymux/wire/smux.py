@@ -152,15 +152,10 @@ class Decoder:
         """Decode every complete frame in the bytes received so far."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
-        end = len(data)
         buffer = self._buffer
-        if buffer.held:
-            whole, pos = buffer.complete(data, self._frame_size)
-            if whole is None:
-                return out
-            out.append(self._frame(memoryview(whole), 0))
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._frame(memoryview(whole), 0)]
+        end = len(data)
         mv = memoryview(data)
         unpack = HEADER.unpack_from
         version = self.version

@@ -328,21 +328,13 @@ class Decoder:
             return out
 
     def _feed(self, data: bytes | memoryview) -> list[Chunk]:
-        out: list[Chunk] = []
         size = self._size
         lbits = self.negotiated.length_bits
         mask = self._length_mask
         limit = self._limit
-        pos = 0
         buffer = self._buffer
-        if buffer.held:
-            whole, pos = buffer.complete(data, self._chunk_size)
-            if whole is None:
-                return out
-            value = int.from_bytes(whole[:size], "little")
-            out.append(
-                Chunk(value >> (2 + lbits), bool(value & 2), bool(value & 1), memoryview(whole)[size:])
-            )
+        whole, pos = buffer.resume(data, self._chunk_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._whole_chunk(whole)]
         mv = memoryview(data)
         end = len(data)
         need = 0  # the size of the chunk the loop stops inside, when known
@@ -360,6 +352,16 @@ class Decoder:
         if pos < end:
             buffer.hold(mv[pos:], need)
         return out
+
+    def _whole_chunk(self, chunk: bytes) -> Chunk:
+        size = self._size
+        value = int.from_bytes(chunk[:size], "little")
+        return Chunk(
+            value >> (2 + self.negotiated.length_bits),
+            bool(value & 2),
+            bool(value & 1),
+            memoryview(chunk)[size:],
+        )
 
     def _chunk_size(self, head: bytes) -> int:
         size = self._size

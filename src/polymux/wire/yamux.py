@@ -118,14 +118,9 @@ class Decoder:
         """Decode every complete frame."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
         buffer = self._buffer
-        if buffer.held:
-            whole, pos = buffer.complete(data, self._frame_size)
-            if whole is None:
-                return out
-            out.append(self._frame(memoryview(whole), 0, len(whole)))
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._frame(memoryview(whole), 0, len(whole))]
         mv = memoryview(data)
         end = len(data)
         unpack = HEADER.unpack_from
