@@ -62,5 +62,6 @@ nitpick_ignore_regex = [
     (r"py:class", r"polymux\.aio\.reader\.ChannelStreamReader"),
     (r"py:class", r"polymux\.session\.(SessionCore|events\.\w+)"),
     (r"py:class", r"polymux\.apps\.common\.T"),  # a TypeVar
+    (r"py:.*", r"polymux\.engine\.base\.R"),  # a TypeVar (an engine's record type)
 ]
 suppress_warnings = ["myst.header"]

@@ -377,7 +377,7 @@ async def test_window_stays_at_256k_for_a_slow_reader(serve: Serve, monkeypatch:
         loop = asyncio.get_running_loop()
 
         def slow_enough() -> bool:
-            epoch = record.extra["epoch"]
+            epoch = record.epoch
             assert isinstance(epoch, (int, float))
             return engine.rtt is not None and loop.time() - epoch > 4 * engine.rtt
 

@@ -258,12 +258,12 @@ def test_v2_credit_goes_back_batched_as_consumed() -> None:
 def test_v2_consumed_wraps_modulo_2_32() -> None:
     a, b = pair(2, receive_window=INITIAL)
     ha, _hb = open_stream(a, b)
-    stream = a._by_id[3]
+    stream = a._by_wire[3]
     stream.peer_consumed = 0xFFFFFFF0  # as if 4 GiB had gone by
     a.send_data(ha, bytes(100))
     assert a.receive_data(upd(3, 0x100000000 + 0x20, INITIAL)) == []  # 0x30 consumed across the wrap
     assert a.send_credit(ha) == INITIAL - 100 + 0x30
-    b_record = b._by_id[3]
+    b_record = b._by_wire[3]
     b_record.acked = 2**32 - 1
     b_record.recv.outstanding = INITIAL  # type: ignore[union-attr]
     b.ack_consumed(b_record.handle, INITIAL)
@@ -348,7 +348,7 @@ def test_windows_fit_half_the_memory_budget() -> None:
     windows = []
     for _ in range(12):
         handle = a.open_channel()
-        windows.append(a._by_id[a._channels[handle].wire_id].window)
+        windows.append(a._by_wire[a._channels[handle].wire_id].window)
     assert windows[0] == 512 * KIB  # a quarter of the 2 MiB half
     assert windows == sorted(windows, reverse=True) and windows[-1] == 64 * KIB
     assert sum(windows[:-3]) <= 2 * MIB
@@ -370,7 +370,7 @@ def test_v2_window_below_the_initial_256k() -> None:
     assert b_out.startswith(upd(3, 0, 64 * KIB))  # b's own window announcement
     events = a.receive_data(b_out)
     assert sum(e.flow_controlled_length for e in events if isinstance(e, DataReceived)) == INITIAL
-    record = a._by_id[3]
+    record = a._by_wire[3]
     assert record.recv is not None and record.recv.window == INITIAL
     a.ack_consumed(ha, 200 * KIB)
     assert out(a) == upd(3, 200 * KIB, 64 * KIB)

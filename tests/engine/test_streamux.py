@@ -1391,7 +1391,9 @@ class World:
         try:
             handle = e.open_channel()
         except RuntimeError:
-            assert len(e._local) + len(e._locked) + len(e._pings) == 4  # every id is taken
+            assert (
+                sum(local for local, _ in e._by_wire) + len(e._locked) + len(e._pings) == 4
+            )  # every id is taken
             return
         request = Request(handle, int(e.channel_name(handle)))
         side.requests[handle] = request
@@ -1405,7 +1407,12 @@ class World:
         try:
             side.pings.add(side.engine.ping())
         except RuntimeError:
-            assert len(side.engine._local) + len(side.engine._locked) + len(side.engine._pings) == 4
+            assert (
+                sum(local for local, _ in side.engine._by_wire)
+                + len(side.engine._locked)
+                + len(side.engine._pings)
+                == 4
+            )
         self.collect(side)
 
     def write(self, side: Side, index: int, size: int) -> None:

@@ -515,12 +515,12 @@ def test_partial_buffer_stays_bounded(version: int) -> None:
     dec = Decoder(version, handshake=False)
     assert dec.feed(header + payload[:20000]) == []
     # White-box: the decoder holds at most one frame's worth of bytes.
-    assert len(dec._partial) <= len(header) + MAX_PAYLOAD
+    assert dec.pending <= len(header) + MAX_PAYLOAD
     for i in range(20000, 20400, 100):
         assert dec.feed(payload[i : i + 100]) == []
-        assert len(dec._partial) <= len(header) + MAX_PAYLOAD
+        assert dec.pending <= len(header) + MAX_PAYLOAD
     assert norm(dec.feed(payload[20400:] + header)) == [Frame(2, 1, payload, source)]
-    assert len(dec._partial) == len(header)  # only the next frame's header is kept
+    assert dec.pending == len(header)  # only the next frame's header is kept
 
 
 # -- zero copy -----------------------------------------------------------------------------

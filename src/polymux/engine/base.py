@@ -16,14 +16,26 @@ send and keeps the rest.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from polymux._types import BytesLike
-from polymux.engine.channel import ChannelRecord
-from polymux.engine.events import DataReceived, Event
-from polymux.exceptions import PolymuxError, ProtocolError
+from polymux.engine.channel import IGNORE, ChannelRecord, ChannelState, Input, Transitions
+from polymux.engine.events import ChannelClosed, ChannelEnded, DataReceived, Event
+from polymux.engine.flow import ReceiveWindow, SendCredit
+from polymux.exceptions import FlowControlError, PolymuxError, ProtocolError
 
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    R = TypeVar("R", bound=ChannelRecord, default=Any)
+else:  # typing.TypeVar takes a default from Python 3.13 on; only the type checker needs it
+    from typing import TypeVar
+
+    R = TypeVar("R", bound=ChannelRecord)
+"""The record type of an engine's channels: a format's own :class:`ChannelRecord` subclass
+(a bare ``Engine``, as the layers above use it, is an engine of any format)."""
 
 __all__ = ["DataRuns", "Engine", "run_size"]
 
@@ -68,8 +80,15 @@ class DataRuns:
             self.record = None
 
 
-class Engine(ABC):
-    """Base class of the per-format state machines."""
+class Engine(ABC, Generic[R]):
+    """Base class of the per-format state machines, and the skeleton they share.
+
+    The skeleton: :meth:`receive_data` (the closed check, one :class:`DataRuns` per read,
+    the protocol error that closes the engine), the channel table and the wire-id table
+    (:meth:`_add`, :meth:`_forget`), state changes by the format's transition tables
+    (:meth:`_step`), and the commands whose shape every format shares (accept, reject,
+    end, reset); a format fills in its frames through the ``_on_*`` / ``_send_*`` hooks.
+    """
 
     format: str
     """The wire format's name, as in ``protocol=``."""
@@ -104,10 +123,18 @@ class Engine(ABC):
     boundaries (omnistreams over WebSocket) instead of a byte stream."""
     rtt: float | None = None
     """The latest round-trip time measured with a ping (formats with pings)."""
+    _tables: ClassVar[tuple[Transitions, Transitions]]
+    """The format's transition tables: ``[False]`` for channels the peer opened, ``[True]``
+    for ours (the same table twice where the roles do not differ)."""
+    _ids_per_origin: ClassVar[bool] = True
+    """True when each side counts its own channel ids (a wire id names a channel only with
+    its origin); False when the sides share one id space (yamux, smux: odd and even)."""
 
     def __init__(self) -> None:
         self._out: list[BytesLike] = []
-        self._channels: dict[int, ChannelRecord] = {}
+        self._channels: dict[int, R] = {}
+        self._by_wire: dict[Hashable, R] = {}
+        """Live channels by wire key (:meth:`_wire_key`)."""
         self._next_handle = 1
         self.closed = False
         """True once the engine raised a protocol error or was closed."""
@@ -135,7 +162,7 @@ class Engine(ABC):
         self._next_handle += 1
         return handle
 
-    def _record(self, channel: int) -> ChannelRecord:
+    def _record(self, channel: int) -> R:
         try:
             return self._channels[channel]
         except KeyError:
@@ -163,6 +190,105 @@ class Engine(ABC):
         self.closed = True
         return ProtocolError(self.format, message)
 
+    def _overrun(self, record: R, n: int) -> FlowControlError:
+        """The peer sent ``n`` bytes beyond ``record``'s receive window."""
+        recv = record.recv
+        assert recv is not None
+        self.closed = True
+        return FlowControlError(
+            self.format,
+            f"{record.describe()} overran its receive window: {recv.outstanding} + {n} bytes > "
+            f"window {recv.window}",
+        )
+
+    # -- channel tables and states -----------------------------------------------------------
+
+    def _wire_key(self, record: R) -> Hashable:
+        return (record.local_origin, record.wire_id) if self._ids_per_origin else record.wire_id
+
+    def _initial(self, local: bool) -> ChannelState:
+        """The state a channel starts in: opened by us (``local``) or by the peer."""
+        state = self._tables[local].moves[(ChannelState.IDLE, Input.OPEN if local else Input.RECV_OPEN)]
+        assert isinstance(state, ChannelState)
+        return state
+
+    def _create(
+        self,
+        cls: type[R],
+        wire_id: int,
+        *,
+        local: bool,
+        name: str,
+        send: SendCredit,
+        recv: ReceiveWindow | None = None,
+        **fields: Any,
+    ) -> R:
+        """Create and track the record of a new channel, opened by us (``local``) or by the
+        peer, in the state the format's table starts it in; ``fields``: the format's own."""
+        record = cls(
+            handle=self._new_handle(),
+            wire_id=wire_id,
+            local_origin=local,
+            name=name,
+            send=send,
+            recv=recv,
+            state=self._initial(local),
+            **fields,
+        )
+        self._channels[record.handle] = record
+        self._by_wire[self._wire_key(record)] = record
+        return record
+
+    def _forget(self, record: R) -> None:
+        """Stop tracking ``record`` (done by :meth:`_step` on reaching CLOSED)."""
+        record.state = ChannelState.CLOSED
+        if self._channels.pop(record.handle, None) is not None:
+            self._release(record)
+        key = self._wire_key(record)
+        if self._by_wire.get(key) is record:  # (the peer may have reused the id already)
+            del self._by_wire[key]
+
+    def _release(self, record: R) -> None:
+        """Hook: give back what ``record`` held of the session (windows, budgets, ids)."""
+        return
+
+    def _step(self, record: R, input_: Input) -> ChannelState | None:
+        """Apply ``input_`` to ``record`` by the format's table (rule 1 of
+        :mod:`polymux.engine.channel`): return the new state (CLOSED: the record is
+        forgotten), or None when the table ignores the input; raise when it refuses it."""
+        state = record.state
+        outcome = self._tables[record.local_origin].outcome(state, input_)
+        if isinstance(outcome, ChannelState):
+            if outcome is ChannelState.CLOSED:
+                self._forget(record)
+            else:
+                record.state = outcome
+            return outcome
+        if outcome is IGNORE:
+            return None
+        message = outcome.message.format(
+            channel=record.describe(), id=record.wire_id, state=state.value, input=input_.label
+        )
+        if input_.received:
+            self.closed = True
+            raise outcome.error(self.format, message)
+        raise RuntimeError(f"{self.format}: {message}")
+
+    def _recv_end(self, record: R, events: list[Event]) -> ChannelState | None:
+        """The peer ended its writing on ``record``: step, report, and say goodbye on the
+        wire if that closed the channel. Returns the new state (None: ignored)."""
+        state = self._step(record, Input.RECV_END)
+        if state is not None:
+            events.append(ChannelEnded(record.handle))
+            if state is ChannelState.CLOSED:
+                self._on_closed(record)
+                events.append(ChannelClosed(record.handle))
+        return state
+
+    def _on_closed(self, record: R) -> None:
+        """Hook: both sides ended ``record`` (the format's last word, if it has one)."""
+        return
+
     # -- the interface -----------------------------------------------------------------------
 
     @property
@@ -170,31 +296,66 @@ class Engine(ABC):
     def ready(self) -> bool:
         """Whether channels may be opened (the handshake, if any, is done)."""
 
-    @abstractmethod
     def receive_data(self, data: bytes) -> list[Event]:
         """Process bytes from the peer; return the events they caused.
 
         After calling this, call :meth:`data_to_send` (replies may be queued).
         Raises :class:`~polymux.exceptions.ProtocolError` on malformed or illegal input.
         """
+        if self.closed:
+            raise self._error("received data after the session ended")
+        runs = DataRuns([])
+        try:
+            self._receive(data, runs)
+            runs.flush()
+        except ProtocolError as exc:
+            self.closed = True
+            failure = self._failed(exc)
+            if failure is exc:
+                raise
+            raise failure from None
+        return runs.events
+
+    @abstractmethod
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
+        """Process bytes from the peer: data into ``runs``, other events into ``runs.events``
+        (flushing ``runs`` first)."""
+
+    def _failed(self, exc: ProtocolError) -> ProtocolError:
+        """Hook: the peer broke the format (the engine is closed now); return the error to
+        raise (``exc`` itself by default)."""
+        return exc
 
     @abstractmethod
     def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Offer (open) a channel; return its handle. ``extra``: more creation metadata,
         where the format carries some (omnistreams); other formats ignore it."""
 
-    @abstractmethod
     def accept_channel(self, channel: int) -> None:
         """Accept a channel the peer offered."""
+        record = self._record(channel)
+        self._step(record, Input.ACCEPT)
+        self._on_accept(record)
 
-    @abstractmethod
+    def _on_accept(self, record: R) -> None:
+        """Hook: the wire side of accepting ``record`` (nothing by default)."""
+        return
+
     def reject_channel(self, channel: int) -> None:
         """Reject a channel the peer offered; the engine forgets it."""
+        record = self._record(channel)
+        previous = record.state
+        self._step(record, Input.REJECT)
+        self._on_reject(record, previous)
+
+    @abstractmethod
+    def _on_reject(self, record: R, previous: ChannelState) -> None:
+        """The wire side of rejecting ``record`` (which was in ``previous``)."""
 
     def send_credit(self, channel: int) -> int:
         """Bytes that may be sent on ``channel`` now (0 when it cannot send)."""
         record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end or record.remote_stopped_reading:
+        if record is None or record.state not in self._tables[record.local_origin].sending:
             return 0
         return record.send.available
 
@@ -213,18 +374,16 @@ class Engine(ABC):
         """
         return False
 
-    def _writable(self, channel: int) -> ChannelRecord:
+    def _writable(self, channel: int) -> R:
         """The record of a channel we may send on; a local bug otherwise."""
         record = self._record(channel)
-        if not record.accepted or record.local_end or record.remote_stopped_reading:
-            raise RuntimeError(
-                f"{self.format}: cannot send on {record.describe()} in state {record.state.value}"
-            )
+        if record.state not in self._tables[record.local_origin].sending:
+            self._step(record, Input.SEND)  # raises the table's refusal
         return record
 
     def _queue_frames(
         self,
-        record: ChannelRecord,
+        record: R,
         data: BytesLike,
         more: tuple[BytesLike, ...],
         total: int,
@@ -274,34 +433,63 @@ class Engine(ABC):
         :meth:`send_credit`; the I/O layer keeps what does not fit. The engine keeps views
         of the parts: do not mutate them before the bytes are written."""
 
-    @abstractmethod
     def end_channel(self, channel: int) -> bool:
         """Half-close: we will write no more. Returns True when this closed the channel
         completely (the peer had ended too) and the engine forgot it."""
+        record = self._record(channel)
+        state = self._step(record, Input.END)
+        if state is None:
+            return False  # ended already
+        self._send_end(record)
+        if state is ChannelState.CLOSED:
+            self._on_closed(record)
+            return True
+        return False
 
     @abstractmethod
+    def _send_end(self, record: R) -> None:
+        """The wire side of ending our writing on ``record``."""
+
     def reset_channel(self, channel: int, message: str | None = None) -> None:
         """Terminate the channel abnormally (carrying ``message`` where the format can);
         the engine forgets it."""
+        record = self._channels.get(channel)
+        if record is not None:
+            previous = record.state
+            self._step(record, Input.RESET)
+            self._send_reset(record, previous, message)
+
+    @abstractmethod
+    def _send_reset(self, record: R, previous: ChannelState, message: str | None) -> None:
+        """The wire side of resetting ``record`` (which was in ``previous``)."""
 
     @abstractmethod
     def ack_consumed(self, channel: int, n: int) -> None:
         """The application consumed ``n`` bytes of ``channel``: return credit as due."""
 
+    def _credit_due(self, channel: int, n: int) -> tuple[R, int] | None:
+        """``n`` bytes of ``channel`` were consumed: its record and the credit now due to
+        the peer, or None when none is (not yet, or the channel has no receive window, is
+        gone, or the peer ended it: after its end no more data comes, credit is moot)."""
+        record = self._channels.get(channel)
+        if record is None or record.recv is None or record.remote_end:
+            return None
+        credit = record.recv.consumed(n)
+        return (record, credit) if credit else None
+
     def receive_eof(self) -> None:
         """The peer closed its side of the connection. Raises
         :class:`~polymux.exceptions.ProtocolError` if that cut a frame in half."""
-        unfinished = self._unfinished_input()
+        pending, what = self._unfinished_input()
         self.closed = True
-        if unfinished is not None:
-            pending, what = unfinished
+        if pending:
             raise ProtocolError(
                 self.format, f"connection ended inside a {what} ({pending} bytes of it received)"
             )
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        """``(bytes held back, what they start)`` when received input stops mid-frame."""
-        return None
+    @abstractmethod
+    def _unfinished_input(self) -> tuple[int, str]:
+        """``(bytes held back, what they start)``: received input that stops mid-frame."""
 
     @property
     def can_open(self) -> bool:

@@ -27,16 +27,9 @@ from typing import Any
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
-from polymux.engine.channel import ChannelRecord
-from polymux.engine.events import (
-    ChannelClosed,
-    ChannelEnded,
-    ChannelOpened,
-    ChannelReset,
-    Event,
-)
+from polymux.engine.channel import HALF_CLOSE, IGNORE, ChannelRecord, ChannelState, Input, Refuse, Transitions
+from polymux.engine.events import ChannelOpened, ChannelReset, Event
 from polymux.engine.flow import SendCredit
-from polymux.exceptions import ProtocolError
 from polymux.wire import mplex as wire
 from polymux.wire.mplex import Flag
 
@@ -47,12 +40,27 @@ MULTIPLEX_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 """Default frame limit of the ``multiplex`` dialect (its npm package sends a write of any
 size as one frame and sets no limit)."""
 
+_S = ChannelState
+_AFTER_CLOSE = Refuse("data for {channel} after the peer closed it")
+
+TRANSITIONS = Transitions(
+    {
+        **HALF_CLOSE,
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_DATA): _AFTER_CLOSE,
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_DATA): _AFTER_CLOSE,
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_END): IGNORE,  # a repeated close changes nothing
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_END): IGNORE,
+    }
+)
+"""mplex's channel states: the common half-close life (no acceptance on the wire; rejecting
+is a reset), data after the peer's close is an error, a repeated close is ignored."""
+
 # Flags by who sends them: (message, close, reset).
 _AS_INITIATOR = (Flag.MESSAGE_INITIATOR, Flag.CLOSE_INITIATOR, Flag.RESET_INITIATOR)
 _AS_RECEIVER = (Flag.MESSAGE_RECEIVER, Flag.CLOSE_RECEIVER, Flag.RESET_RECEIVER)
 
 
-class MplexEngine(Engine):
+class MplexEngine(Engine[ChannelRecord]):
     """One side of an mplex / multiplex connection.
 
     Args:
@@ -64,6 +72,7 @@ class MplexEngine(Engine):
 
     has_flow_control = False
     needs_acceptance = False
+    _tables = (TRANSITIONS, TRANSITIONS)
 
     def __init__(self, dialect: str = "mplex", config: SessionConfig | None = None) -> None:
         super().__init__()
@@ -77,8 +86,6 @@ class MplexEngine(Engine):
         self.max_message_size = limit
         self.max_frame = min(limit, self.config.send_frame)
         self._decoder = wire.Decoder(limit, dialect)
-        # (local origin, wire id) -> record
-        self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
         self._next_id = 0
 
     @property
@@ -98,56 +105,35 @@ class MplexEngine(Engine):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
         by_wire = self._by_wire
-        runs = DataRuns(events)
-        try:
-            for stream_id, flag, body in self._decoder.feed(data):
-                if flag == Flag.MESSAGE_INITIATOR or flag == Flag.MESSAGE_RECEIVER:
-                    # Receiver flags come from the far end of a stream we opened.
-                    record = by_wire.get((flag == Flag.MESSAGE_RECEIVER, stream_id))
-                    if record is None:
-                        continue  # unknown, or reset/closed: a benign race (documented ignore)
-                    if record.remote_end:
-                        raise self._error(f"data for {record.describe()} after the peer closed it")
-                    if body:
-                        runs.add(record, body, len(body))
-                    continue
-                runs.flush()
-                self._on_control(stream_id, flag, body, events)
+        receiving = TRANSITIONS.receiving
+        for stream_id, flag, body in self._decoder.feed(data):
+            if flag == Flag.MESSAGE_INITIATOR or flag == Flag.MESSAGE_RECEIVER:
+                # Receiver flags come from the far end of a stream we opened.
+                record = by_wire.get((flag == Flag.MESSAGE_RECEIVER, stream_id))
+                if record is None:
+                    continue  # unknown, or reset/closed: a benign race (documented ignore)
+                if record.state not in receiving:
+                    self._step(record, Input.RECV_DATA)  # refused: data after the peer's close
+                if body:
+                    runs.add(record, body, len(body))
+                continue
             runs.flush()
-        except ProtocolError:
-            self.closed = True
-            raise
-        return events
+            self._on_control(stream_id, flag, body, runs.events)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        return (pending, "frame") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        return self._decoder.pending, "frame"
 
     def _on_control(self, stream_id: int, flag: int, body: BytesLike, events: list[Event]) -> None:
         if flag == Flag.NEW_STREAM:
-            key = (False, stream_id)
-            if key in self._by_wire:
+            if (False, stream_id) in self._by_wire:
                 raise self._error(f"NewStream for stream {stream_id}, which the peer already has open")
             try:
                 name = bytes(body).decode()
             except UnicodeDecodeError as exc:
                 raise self._error(f"NewStream name of stream {stream_id} is not UTF-8 ({exc})") from None
-            new = ChannelRecord(
-                handle=self._new_handle(),
-                wire_id=stream_id,
-                local_origin=False,
-                name=name or str(stream_id),  # multiplex: empty name = the id as a string
-                send=SendCredit(None),
-                recv=None,
-            )
-            self._channels[new.handle] = new
-            self._by_wire[key] = new
+            new = self._new_record(stream_id, local=False, name=name)
             events.append(ChannelOpened(new.handle, new.name))
             return
         # Receiver flags (odd) concern streams we opened.
@@ -155,16 +141,10 @@ class MplexEngine(Engine):
         if record is None:
             return  # unknown, or already gone: ignored (a race with our reset or close)
         if flag in (Flag.CLOSE_INITIATOR, Flag.CLOSE_RECEIVER):
-            if record.remote_end:
-                return  # a repeated close changes nothing
-            record.remote_end = True
-            events.append(ChannelEnded(record.handle))
-            if record.local_end:
-                self._forget(record)
-                events.append(ChannelClosed(record.handle))
+            self._recv_end(record, events)
         else:  # reset
             text = bytes(body).decode(errors="replace") if body else None
-            self._forget(record)
+            self._step(record, Input.RECV_RESET)
             events.append(ChannelReset(record.handle, text))
 
     # -- commands ----------------------------------------------------------------------------
@@ -173,36 +153,12 @@ class MplexEngine(Engine):
         """Open a stream (NewStream); it is usable at once."""
         stream_id = self._next_id
         self._next_id += 1
-        record = ChannelRecord(
-            handle=self._new_handle(),
-            wire_id=stream_id,
-            local_origin=True,
-            name=name or str(stream_id),
-            send=SendCredit(None),
-            recv=None,
-            accepted=True,
-        )
-        self._channels[record.handle] = record
-        self._by_wire[(True, stream_id)] = record
+        record = self._new_record(stream_id, local=True, name=name)
         body = name.encode()
         self._out.append(wire.encode_header(stream_id, Flag.NEW_STREAM, len(body)))
         if body:
             self._out.append(body)
         return record.handle
-
-    def accept_channel(self, channel: int) -> None:
-        """Take an incoming stream (nothing goes on the wire)."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        record.accepted = True
-
-    def reject_channel(self, channel: int) -> None:
-        """Refuse an incoming stream: reset it."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        self._reset(record, "stream refused" if self.format == "multiplex" else None)
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue ``data`` as message frames of at most :attr:`max_frame` bytes (views)."""
@@ -212,41 +168,33 @@ class MplexEngine(Engine):
             sid, flag = record.wire_id, self._flags(record)[0]
             self._queue_frames(record, data, more, total, lambda size: wire.encode_header(sid, flag, size))
 
-    def end_channel(self, channel: int) -> bool:
-        """Half-close (Close flag); the stream is gone once the peer closed too."""
-        record = self._record(channel)
-        if record.local_end:
-            return False
-        record.local_end = True
-        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[1], 0))
-        if record.remote_end:
-            self._forget(record)
-            return True
-        return False
-
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
-        """Reset the stream (both directions); multiplex carries ``message``."""
-        record = self._channels.get(channel)
-        if record is not None:
-            self._reset(record, message if self.format == "multiplex" else None)
-
     def ack_consumed(self, channel: int, n: int) -> None:
         """Nothing to do: mplex has no credit on the wire."""
         return
 
-    # -- helpers -----------------------------------------------------------------------------
+    # -- the wire side of the commands and helpers ---------------------------------------------
+
+    def _on_reject(self, record: ChannelRecord, previous: ChannelState) -> None:
+        """Refusing a stream resets it."""
+        self._send_reset(record, previous, "stream refused")
+
+    def _send_end(self, record: ChannelRecord) -> None:
+        """Half-close (Close flag); the stream is gone once the peer closed too."""
+        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[1], 0))
+
+    def _send_reset(self, record: ChannelRecord, previous: ChannelState, message: str | None) -> None:
+        """Reset the stream (both directions); multiplex carries ``message``."""
+        body = message.encode() if message and self.format == "multiplex" else b""
+        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[2], len(body)))
+        if body:
+            self._out.append(body)
 
     @staticmethod
     def _flags(record: ChannelRecord) -> tuple[Flag, Flag, Flag]:
         return _AS_INITIATOR if record.local_origin else _AS_RECEIVER
 
-    def _reset(self, record: ChannelRecord, message: str | None) -> None:
-        body = message.encode() if message else b""
-        self._out.append(wire.encode_header(record.wire_id, self._flags(record)[2], len(body)))
-        if body:
-            self._out.append(body)
-        self._forget(record)
-
-    def _forget(self, record: ChannelRecord) -> None:
-        self._channels.pop(record.handle, None)
-        self._by_wire.pop((record.local_origin, record.wire_id), None)
+    def _new_record(self, stream_id: int, *, local: bool, name: str) -> ChannelRecord:
+        # multiplex: an empty name is the id as a string
+        return self._create(
+            ChannelRecord, stream_id, local=local, name=name or str(stream_id), send=SendCredit(None)
+        )

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
-from polymux.engine.channel import ChannelRecord
+from polymux.engine.channel import HALF_CLOSE, ChannelRecord, ChannelState, Input, Refuse, Transitions
 from polymux.engine.events import (
     ChannelAccepted,
     ChannelClosed,
-    ChannelEnded,
     ChannelOpened,
     ChannelRejected,
     ChannelReset,
@@ -41,12 +41,52 @@ from polymux.engine.events import (
     SessionReady,
 )
 from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
-from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import mstream as wire
 from polymux.wire.mstream import ControlCode as C
 
 
-__all__ = ["DEFAULT_REMOTE_WINDOW", "MStreamEngine"]
+__all__ = ["DEFAULT_REMOTE_WINDOW", "MStreamEngine", "MStreamRecord"]
+
+_S = ChannelState
+_I = Input
+_EARLY_CONTENT = Refuse("Content for {channel} before it was accepted")
+_LATE_CONTENT = Refuse("Content for {channel} after its ContentWritingCompleted")
+_SECOND_END = Refuse("second ContentWritingCompleted for {channel}")
+
+TRANSITIONS = Transitions(
+    {
+        **HALF_CLOSE,
+        (_S.IDLE, _I.OPEN): _S.OFFERED_LOCAL,  # an Offer waits for OfferAccepted
+        (_S.OFFERED_LOCAL, _I.RECV_ACCEPT): _S.OPEN,
+        (_S.OFFERED_LOCAL, _I.RECV_DATA): _EARLY_CONTENT,
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_DATA): _LATE_CONTENT,
+        (_S.OFFERED_REMOTE_ENDED, _I.RECV_DATA): _LATE_CONTENT,
+        (_S.OFFERED_LOCAL, _I.RECV_END): Refuse(
+            "ContentWritingCompleted for {channel} before it was accepted"
+        ),
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_END): _SECOND_END,
+        (_S.OFFERED_REMOTE_ENDED, _I.RECV_END): _SECOND_END,
+    },
+    {
+        _I.ACCEPT: "{channel} is not a pending incoming offer",
+        _I.REJECT: "{channel} is not a pending incoming offer",
+        _I.RECV_ACCEPT: "OfferAccepted for {channel}, which is not our pending offer",
+        _I.END: "cannot end {channel} before it is accepted",
+    },
+)
+"""MultiplexingStream's channel states: the common half-close life, but our offers wait for
+OfferAccepted (a ChannelTerminated before it is a rejection), nothing of the peer's may
+come before that, and data or a second ContentWritingCompleted after the peer's first are
+errors. Both sides ended: ChannelTerminated (:meth:`MStreamEngine._on_closed`)."""
+
+
+@dataclass(slots=True, eq=False)
+class MStreamRecord(ChannelRecord):
+    """A channel's record with MultiplexingStream's own field."""
+
+    stopped_reading: bool = False
+    """The peer sent ContentReadingCompleted: it reads no more, so we send no more."""
+
 
 _CODE_NAMES: dict[int, str] = {
     C.OFFER: "Offer",
@@ -72,7 +112,7 @@ MAX_CHANNEL_ID = 2**53 - 1
 keeps ids in a Number)."""
 
 
-class MStreamEngine(Engine):
+class MStreamEngine(Engine[MStreamRecord]):
     """One side of a MultiplexingStream connection.
 
     Args:
@@ -82,6 +122,7 @@ class MStreamEngine(Engine):
     """
 
     max_frame = wire.MAX_PAYLOAD
+    _tables = (TRANSITIONS, TRANSITIONS)
 
     def __init__(
         self, version: int, config: SessionConfig | None = None, *, random: bytes | None = None
@@ -95,8 +136,6 @@ class MStreamEngine(Engine):
         self.config = config or SessionConfig()
         self._decoder = wire.Decoder(version)
         self._granted = 0  # receive windows of live channels, summed (max_session_memory)
-        # Wire-id bookkeeping: (local_origin, wire id) -> handle.
-        self._by_wire: dict[tuple[bool, int], ChannelRecord] = {}
         self._next_local_id = 0  # 0: not ready yet (v1/v2 wait for the handshake)
         self._id_step = 1
         self._max_remote_id = 0
@@ -121,56 +160,37 @@ class MStreamEngine(Engine):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer and return the resulting events.
-
-        After calling this, call :meth:`data_to_send`: replies (window answers, the
-        termination that completes a clean close) may be queued.
-        """
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
         by_wire = self._by_wire
+        receiving = TRANSITIONS.receiving
         v3 = self.version == 3
         odd = 1 if self._odd else 0
-        runs = DataRuns(events)
-        try:
-            for item in self._decoder.feed(data):
-                # Fast path: Content for a live channel that may receive.
-                if item.__class__ is wire.Frame and item.code == C.CONTENT and self._next_local_id:
-                    cid = item.channel_id
-                    if v3:
-                        local = item.source == -1
-                        record = by_wire.get((local, cid)) if item.source else None  # type: ignore[arg-type]
-                    else:
-                        record = by_wire.get((cid & 1 == odd, cid)) if cid else None
-                    if (
-                        record is not None
-                        and (record.accepted or not record.local_origin)
-                        and not record.remote_end
-                    ):
-                        payload = item.payload
-                        n = len(payload)
-                        if record.recv is not None and not record.recv.received(n):
-                            raise self._overrun(record, n)
-                        if n:
-                            runs.add(record, payload, n)
-                        continue
-                runs.flush()
-                if isinstance(item, wire.Handshake):
-                    self._on_handshake(item, events)
-                    odd = 1 if self._odd else 0
+        for item in self._decoder.feed(data):
+            # Fast path: Content for a live channel that may receive.
+            if item.__class__ is wire.Frame and item.code == C.CONTENT and self._next_local_id:
+                cid = item.channel_id
+                if v3:
+                    local = item.source == -1
+                    record = by_wire.get((local, cid)) if item.source else None
                 else:
-                    self._on_frame(item, events)
+                    record = by_wire.get((cid & 1 == odd, cid)) if cid else None
+                if record is not None and record.state in receiving:
+                    payload = item.payload
+                    n = len(payload)
+                    if record.recv is not None and not record.recv.received(n):
+                        raise self._overrun(record, n)
+                    if n:
+                        runs.add(record, payload, n)
+                    continue
             runs.flush()
-        except ProtocolError:
-            self.closed = True
-            raise
-        return events
+            if isinstance(item, wire.Handshake):
+                self._on_handshake(item, runs.events)
+                odd = 1 if self._odd else 0
+            else:
+                self._on_frame(item, runs.events)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        return (pending, "handshake" if not self.ready else "frame") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        return self._decoder.pending, "frame" if self.ready else "handshake"
 
     def _on_handshake(self, hs: wire.Handshake, events: list[Event]) -> None:
         if hs.version[0] != self.version:
@@ -230,41 +250,32 @@ class MStreamEngine(Engine):
         elif code == C.CONTENT_PROCESSED:
             self._on_content_processed(record, frame.payload, events)
         elif code == C.OFFER_ACCEPTED:
-            if not record.local_origin or record.accepted:
-                raise self._error(f"OfferAccepted for {record.describe()}, which is not our pending offer")
+            self._step(record, Input.RECV_ACCEPT)
             window = self._check_window(
                 wire.decode_offer_accepted(self.version, frame.payload), "OfferAccepted"
             )
             if self.version >= 2:
                 record.send.window = DEFAULT_REMOTE_WINDOW if window is None else window
-            record.accepted = True
             events.append(ChannelAccepted(handle))
         elif code == C.CONTENT_WRITING_COMPLETED:
-            if record.local_origin and not record.accepted:
-                raise self._error(f"ContentWritingCompleted for {record.describe()} before it was accepted")
-            if record.remote_end:
-                raise self._error(f"second ContentWritingCompleted for {record.describe()}")
-            record.remote_end = True
-            events.append(ChannelEnded(handle))
-            if record.local_end:
-                self._terminate(record)
-                events.append(ChannelClosed(handle))
+            self._recv_end(record, events)
         elif code == C.CHANNEL_TERMINATED:
             message = wire.decode_termination(self.version, frame.payload)
-            if record.local_origin and not record.accepted:
-                self._forget(record)
+            previous = record.state
+            self._step(record, Input.RECV_RESET)
+            if previous is ChannelState.OFFERED_LOCAL:
                 events.append(ChannelRejected(handle))
                 return
             # Answer with our own termination, as the references do: the JS port keeps a
             # channel it disposed in its table until the peer's ChannelTerminated arrives.
-            self._terminate(record)
-            if message is None and record.remote_end:
-                events.append(ChannelClosed(handle, local_done=record.local_end))
+            self._on_closed(record)
+            if message is None and previous.remote_end:
+                events.append(ChannelClosed(handle, local_done=previous.local_end))
             else:
                 events.append(ChannelReset(handle, message))
         elif code == C.CONTENT_READING_COMPLETED:
-            if not record.remote_stopped_reading:
-                record.remote_stopped_reading = True
+            if not record.stopped_reading:
+                record.stopped_reading = True
                 events.append(ReadingStopped(handle))
         elif code == C.CHANNEL_WINDOW_ADJUST:
             window = self._check_window(
@@ -286,40 +297,18 @@ class MStreamEngine(Engine):
         self._max_remote_id = cid
         name, window = wire.decode_offer(self.version, frame.payload)
         window = self._check_window(window, "Offer")
-        handle = self._new_handle()
-        record = ChannelRecord(
-            handle=handle,
-            wire_id=cid,
-            local_origin=False,
-            name=name,
-            send=SendCredit(self._remote_window(window)),
-            recv=self._new_receive_window(),
-        )
-        self._channels[handle] = record
-        self._by_wire[key] = record
-        events.append(ChannelOpened(handle, name))
+        record = self._new_record(cid, local=False, name=name, send=SendCredit(self._remote_window(window)))
+        events.append(ChannelOpened(record.handle, name))
 
-    def _on_content(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
-        if record.local_origin and not record.accepted:
-            raise self._error(f"Content for {record.describe()} before it was accepted")
-        if record.remote_end:
-            raise self._error(f"Content for {record.describe()} after its ContentWritingCompleted")
+    def _on_content(self, record: MStreamRecord, payload: BytesLike, events: list[Event]) -> None:
+        self._step(record, Input.RECV_DATA)  # (refused before the acceptance or after the end)
         n = len(payload)
         if record.recv is not None and not record.recv.received(n):
             raise self._overrun(record, n)
         if n:
             events.append(DataReceived(record.handle, payload, n))
 
-    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
-        assert record.recv is not None
-        self.closed = True
-        return FlowControlError(
-            self.format,
-            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} "
-            f"bytes > window {record.recv.window}",
-        )
-
-    def _on_content_processed(self, record: ChannelRecord, payload: BytesLike, events: list[Event]) -> None:
+    def _on_content_processed(self, record: MStreamRecord, payload: BytesLike, events: list[Event]) -> None:
         if self.version == 1:
             raise self._error(f"ContentProcessed for {record.describe()}, but v1 has no flow control")
         n = wire.decode_content_processed(self.version, payload)
@@ -340,37 +329,38 @@ class MStreamEngine(Engine):
             raise RuntimeError(f"{self.format}: cannot open a channel before the handshake completed")
         cid = self._next_local_id
         self._next_local_id += self._id_step
-        handle = self._new_handle()
-        record = ChannelRecord(
-            handle=handle,
-            wire_id=cid,
-            local_origin=True,
-            name=name,
-            send=SendCredit(None if self.version == 1 else 0),
-            recv=self._new_receive_window(),
+        record = self._new_record(
+            cid, local=True, name=name, send=SendCredit(None if self.version == 1 else 0)
         )
-        self._channels[handle] = record
-        self._by_wire[(True, cid)] = record
         window = record.recv.window if record.recv is not None else None
         self._send(C.OFFER, record, wire.encode_offer(self.version, name, window))
-        return handle
+        return record.handle
 
-    def accept_channel(self, channel: int) -> None:
-        """Accept an offer, advertising our receive window (v2/v3)."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming offer")
-        record.accepted = True
+    def _on_accept(self, record: MStreamRecord) -> None:
+        """Accepting an offer: OfferAccepted, advertising our receive window (v2/v3)."""
         window = record.recv.window if record.recv is not None else None
         self._send(C.OFFER_ACCEPTED, record, wire.encode_offer_accepted(self.version, window))
 
-    def reject_channel(self, channel: int) -> None:
-        """Reject an incoming offer (ChannelTerminated, as the reference does)."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming offer")
+    def _on_reject(self, record: MStreamRecord, previous: ChannelState) -> None:
+        """Rejecting an offer: ChannelTerminated, as the reference does."""
         self._send(C.CHANNEL_TERMINATED, record, b"")
-        self._forget(record)
+
+    def send_credit(self, channel: int) -> int:
+        """Bytes that may be sent on ``channel`` now (0 when it cannot send, or the peer
+        stopped reading it)."""
+        record = self._channels.get(channel)
+        if record is None or record.stopped_reading:
+            return 0
+        return super().send_credit(channel)
+
+    def _writable(self, channel: int) -> MStreamRecord:
+        record = super()._writable(channel)
+        if record.stopped_reading:
+            raise RuntimeError(
+                f"{self.format}: cannot send on {record.describe()} in state {record.state.value} "
+                "(the peer stopped reading it)"
+            )
+        return record
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue Content frames for ``data`` (within the credit), split at
@@ -381,36 +371,25 @@ class MStreamEngine(Engine):
         if total:
             self._queue_frames(record, data, more, total, lambda size: self._header(C.CONTENT, record, size))
 
-    def end_channel(self, channel: int) -> bool:
-        """Send ContentWritingCompleted; terminate the channel if the peer ended too."""
-        record = self._record(channel)
-        if record.local_end:
-            return False
-        if not record.accepted:
-            raise RuntimeError(f"{self.format}: cannot end {record.describe()} before it is accepted")
-        record.local_end = True
+    def _send_end(self, record: MStreamRecord) -> None:
+        """Ending our writing: ContentWritingCompleted."""
         self._send(C.CONTENT_WRITING_COMPLETED, record, b"")
-        if record.remote_end:
-            self._terminate(record)
-            return True
-        return False
 
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
-        """Send ChannelTerminated (with ``message`` in v2/v3) and forget the channel."""
-        record = self._channels.get(channel)
-        if record is None:
-            return
-        self._terminate(record, message)
+    def _on_closed(self, record: MStreamRecord) -> None:
+        """Both sides ended (or the peer terminated it): ChannelTerminated."""
+        self._send(C.CHANNEL_TERMINATED, record, wire.encode_termination(self.version, None))
+
+    def _send_reset(self, record: MStreamRecord, previous: ChannelState, message: str | None) -> None:
+        """Resetting: ChannelTerminated, with ``message`` in v2/v3."""
+        self._send(C.CHANNEL_TERMINATED, record, wire.encode_termination(self.version, message))
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Return credit for consumed bytes, batched (ContentProcessed, v2/v3)."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
-            # After the peer's ContentWritingCompleted no more data comes: credit is moot,
-            # and the JS port fails on ContentProcessed for a channel it already disposed.
-            return
-        credit = record.recv.consumed(n)
-        if credit:
+        # (None after the peer's ContentWritingCompleted: the JS port fails on a
+        # ContentProcessed for a channel it already disposed)
+        due = self._credit_due(channel, n)
+        if due is not None:
+            record, credit = due
             self._send(C.CONTENT_PROCESSED, record, wire.encode_content_processed(credit))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -425,6 +404,11 @@ class MStreamEngine(Engine):
             raise self._error(f"{what} advertises a window of {window} bytes, beyond {MAX_WINDOW}")
         return window
 
+    def _new_record(self, cid: int, *, local: bool, name: str, send: SendCredit) -> MStreamRecord:
+        return self._create(
+            MStreamRecord, cid, local=local, name=name, send=send, recv=self._new_receive_window()
+        )
+
     def _new_receive_window(self) -> ReceiveWindow | None:
         """The window of a new channel: ``receive_window``, smaller once the session's
         windows fill ``max_session_memory``."""
@@ -435,23 +419,18 @@ class MStreamEngine(Engine):
         self._granted += window
         return ReceiveWindow(window, default_ack_threshold(window, config.ack_min))
 
-    def _header(self, code: int, record: ChannelRecord, length: int) -> bytes:
+    def _header(self, code: int, record: MStreamRecord, length: int) -> bytes:
         source = None
         if self.version == 3:
             source = wire.ChannelSource.LOCAL if record.local_origin else wire.ChannelSource.REMOTE
         return wire.encode_header(self.version, code, record.wire_id, length, source)
 
-    def _send(self, code: int, record: ChannelRecord, payload: BytesLike) -> None:
+    def _send(self, code: int, record: MStreamRecord, payload: BytesLike) -> None:
         out = self._out
         out.append(self._header(code, record, len(payload)))
         if payload:
             out.append(payload)
 
-    def _terminate(self, record: ChannelRecord, message: str | None = None) -> None:
-        self._send(C.CHANNEL_TERMINATED, record, wire.encode_termination(self.version, message))
-        self._forget(record)
-
-    def _forget(self, record: ChannelRecord) -> None:
-        if self._channels.pop(record.handle, None) is not None and record.recv is not None:
+    def _release(self, record: MStreamRecord) -> None:
+        if record.recv is not None:
             self._granted -= record.recv.window
-        self._by_wire.pop((record.local_origin, record.wire_id), None)

@@ -40,12 +40,13 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine
-from polymux.engine.channel import ChannelRecord
+from polymux.engine.channel import ChannelRecord, ChannelState, Input, Refuse, Transitions
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
@@ -61,7 +62,59 @@ from polymux.wire import omnistreams as wire
 from polymux.wire.omnistreams import Kind
 
 
-__all__ = ["ControlReceived", "OmnistreamsEngine", "decode_metadata", "encode_metadata"]
+__all__ = ["ControlReceived", "OmnistreamsEngine", "OmnistreamsRecord", "decode_metadata", "encode_metadata"]
+
+_S = ChannelState
+_I = Input
+_READERS = (_S.OFFERED_REMOTE, _S.OFFERED_REMOTE_ENDED, _S.HALF_CLOSED_LOCAL, _S.CLOSING)
+
+TRANSITIONS = Transitions(
+    {
+        # A stream we write: the peer never writes on it.
+        (_S.IDLE, _I.OPEN): _S.HALF_CLOSED_REMOTE,
+        (_S.HALF_CLOSED_REMOTE, _I.SEND): _S.HALF_CLOSED_REMOTE,
+        (_S.HALF_CLOSED_REMOTE, _I.END): _S.CLOSED,  # STREAM_END
+        (_S.HALF_CLOSED_REMOTE, _I.RESET): _S.CLOSED,  # CANCEL_RECEIVE (legacy: STREAM_END)
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_RESET): _S.CLOSED,  # CANCEL_SEND
+        # A stream we read: we never write on it.
+        (_S.IDLE, _I.RECV_OPEN): _S.OFFERED_REMOTE,
+        (_S.OFFERED_REMOTE, _I.ACCEPT): _S.HALF_CLOSED_LOCAL,  # STREAM_REQUEST_DATA
+        # Ended before we took it: kept until the output is next collected.
+        (_S.OFFERED_REMOTE_ENDED, _I.ACCEPT): _S.CLOSING,
+        (_S.OFFERED_REMOTE, _I.REJECT): _S.CLOSED,  # CANCEL_SEND
+        (_S.OFFERED_REMOTE_ENDED, _I.REJECT): _S.CLOSED,
+        (_S.HALF_CLOSED_LOCAL, _I.RECV_DATA): _S.HALF_CLOSED_LOCAL,
+        (_S.OFFERED_REMOTE, _I.RECV_DATA): Refuse(
+            "STREAM_DATA on {channel} before any STREAM_REQUEST_DATA", FlowControlError
+        ),
+        (_S.OFFERED_REMOTE, _I.RECV_END): _S.OFFERED_REMOTE_ENDED,
+        (_S.HALF_CLOSED_LOCAL, _I.RECV_END): _S.CLOSED,
+        (_S.OFFERED_REMOTE, _I.RECV_RESET): _S.CLOSED,  # CANCEL_RECEIVE
+        (_S.HALF_CLOSED_LOCAL, _I.RECV_RESET): _S.CLOSED,
+        # Ending or resetting a stream we read cancels it (CANCEL_SEND).
+        **{(s, _I.END): _S.CLOSED for s in _READERS},
+        **{(s, _I.RESET): _S.CLOSED for s in _READERS},
+    },
+    {_I.SEND: "{channel} is receive-only"},
+)
+"""omnistreams' stream states. Streams are one-way: ours start half-closed on the peer's
+side, and theirs are half-closed on ours once accepted; a stream that ended before we
+accepted it closes when accepted. Data before our first STREAM_REQUEST_DATA is a flow
+control error."""
+
+
+@dataclass(slots=True, eq=False)
+class OmnistreamsRecord(ChannelRecord):
+    """A stream's record with omnistreams' own fields."""
+
+    send: MessageCredit
+    recv: MessageWindow | None
+    chunk: int = 0
+    """The largest STREAM_DATA payload on the stream (its announced ``chunkSize``)."""
+    metadata: bytes = b""
+    """The creation metadata as sent on the wire."""
+    meta: dict[str, Any] | None = None
+    """The creation metadata as a JSON object (None: opaque bytes)."""
 
 
 def encode_metadata(name: str, chunk_size: int, extra: Mapping[str, Any] | None = None) -> bytes:
@@ -81,7 +134,7 @@ def decode_metadata(raw: BytesLike) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-class OmnistreamsEngine(Engine):
+class OmnistreamsEngine(Engine[OmnistreamsRecord]):
     """One side of an omnistreams connection.
 
     Args:
@@ -98,6 +151,7 @@ class OmnistreamsEngine(Engine):
     one_way = True
     """Streams carry data from their opener to their acceptor only."""
     has_controls = True
+    _tables = (TRANSITIONS, TRANSITIONS)
 
     def __init__(
         self, config: SessionConfig | None = None, *, numbering: str | None = None, message_mode: bool = False
@@ -118,12 +172,10 @@ class OmnistreamsEngine(Engine):
         self.max_frame = self.chunk_size
         self._decoder = None if message_mode else wire.LengthPrefixDecoder(self.max_message)
         self._free_ids: deque[int] = deque(range(256))
-        self._senders: dict[int, ChannelRecord] = {}
-        self._receivers: dict[int, ChannelRecord] = {}
         self._cancelled: set[int] = set()  # peer ids we cancelled: stale messages are dropped
         self._ended: set[int] = set()  # peer ids that ended and were not created again
         self._codes = {kind: self.numbering.codes.get(kind) for kind in Kind}
-        self._lingering: list[ChannelRecord] = []  # accepted after their END: forgotten soon
+        self._lingering: list[OmnistreamsRecord] = []  # accepted after their END: forgotten soon
 
     @property
     def ready(self) -> bool:
@@ -137,7 +189,7 @@ class OmnistreamsEngine(Engine):
         element per message)."""
         if self._lingering:
             for record in self._lingering:
-                self._channels.pop(record.handle, None)
+                self._forget(record)
             self._lingering.clear()
         return super().data_to_send()
 
@@ -162,55 +214,40 @@ class OmnistreamsEngine(Engine):
 
     # -- receiving ----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer (one whole message in message mode); return the
-        events. Then call :meth:`data_to_send` (cancels and credit may be queued)."""
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
-        runs = DataRuns(events)
-        try:
-            if self._decoder is None:
-                if len(data) > self.max_message:
-                    raise self._error(f"{len(data)}-byte message exceeds max_message_size={self.max_message}")
-                self._on_message(wire.decode(data, self.numbering), runs, events)
-            else:
-                for raw in self._decoder.feed(data):
-                    self._on_message(wire.decode(raw, self.numbering), runs, events)
-            runs.flush()
-        except ProtocolError as exc:
-            self.closed = True
-            if exc.format != self.format:
-                raise ProtocolError(self.format, exc.detail) from None
-            raise
-        return events
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
+        if self._decoder is None:
+            if len(data) > self.max_message:
+                raise self._error(f"{len(data)}-byte message exceeds max_message_size={self.max_message}")
+            self._on_message(wire.decode(data, self.numbering), runs)
+        else:
+            for raw in self._decoder.feed(data):
+                self._on_message(wire.decode(raw, self.numbering), runs)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending if self._decoder is not None else 0
-        return (pending, "length-prefixed message") if pending else None
+    def _failed(self, exc: ProtocolError) -> ProtocolError:
+        # The codec names the spec's format; the legacy numbering is a format of its own.
+        return exc if exc.format == self.format else ProtocolError(self.format, exc.detail)
 
-    def _on_message(self, message: wire.Message, runs: DataRuns, events: list[Event]) -> None:
+    def _unfinished_input(self) -> tuple[int, str]:
+        return (self._decoder.pending if self._decoder is not None else 0), "length-prefixed message"
+
+    def _on_message(self, message: wire.Message, runs: DataRuns) -> None:
         kind, sid, payload = message
+        by_wire = self._by_wire
         if kind is Kind.DATA:
             assert sid is not None
-            record = self._receivers.get(sid)
+            record = by_wire.get((False, sid))
             if record is None:
                 self._on_stray(sid, "STREAM_DATA")
                 return
-            chunk = record.extra["chunk"]
-            assert isinstance(chunk, int)
             n = len(payload)
-            if n > chunk:
+            if n > record.chunk:
                 raise self._error(
-                    f"STREAM_DATA of {n} bytes on {record.describe()} exceeds its chunkSize {chunk}"
+                    f"STREAM_DATA of {n} bytes on {record.describe()} exceeds its chunkSize {record.chunk}"
                 )
+            if record.state not in TRANSITIONS.receiving:
+                self._step(record, Input.RECV_DATA)  # refused: no credit was granted yet
             recv = record.recv
-            assert isinstance(recv, MessageWindow)
-            if not record.accepted:
-                self.closed = True
-                raise FlowControlError(
-                    self.format, f"STREAM_DATA on {record.describe()} before any STREAM_REQUEST_DATA"
-                )
+            assert recv is not None
             if not recv.received_message(n):
                 self.closed = True
                 raise FlowControlError(
@@ -221,6 +258,7 @@ class OmnistreamsEngine(Engine):
                 runs.add(record, payload, n)
             return
         runs.flush()
+        events = runs.events
         if kind is Kind.CONTROL:
             events.append(ControlReceived(bytes(payload)))
         elif kind is Kind.CREATE:
@@ -228,7 +266,7 @@ class OmnistreamsEngine(Engine):
             self._on_create(sid, payload, events)
         elif kind is Kind.END:
             assert sid is not None
-            record = self._receivers.pop(sid, None)
+            record = by_wire.get((False, sid))
             if record is None:
                 self._on_stray(sid, "STREAM_END")
                 if sid in self._cancelled:
@@ -236,23 +274,23 @@ class OmnistreamsEngine(Engine):
                     self._ended.add(sid)
                 return
             self._ended.add(sid)
-            record.remote_end = True
-            if record.accepted:
-                self._channels.pop(record.handle, None)
-            # else: created and ended within one read: kept until the I/O layer accepts
-            # (or rejects) the offer it has not seen yet, so the empty stream is not lost.
+            if self._step(record, Input.RECV_END) is not ChannelState.CLOSED:
+                # Created and ended within one read: kept until the I/O layer accepts (or
+                # rejects) the offer it has not seen yet, so the empty stream is not lost;
+                # its id is the peer's to create again.
+                del by_wire[(False, sid)]
             events.append(ChannelEnded(record.handle))
             events.append(ChannelClosed(record.handle))
         elif kind is Kind.CANCEL_RECEIVE:
             assert sid is not None
-            record = self._receivers.pop(sid, None)
+            record = by_wire.get((False, sid))
             self._cancelled.discard(sid)
             if record is not None:
-                self._channels.pop(record.handle, None)
+                self._step(record, Input.RECV_RESET)
                 events.append(ChannelReset(record.handle, "cancelled by the sender"))
         elif kind is Kind.REQUEST_DATA:
             assert sid is not None
-            record = self._senders.get(sid)
+            record = by_wire.get((True, sid))
             count = payload[0]
             if record is None or count == 0:
                 return  # a request racing with our end or cancel
@@ -260,9 +298,9 @@ class OmnistreamsEngine(Engine):
             events.append(CreditAvailable(record.handle))
         else:  # CANCEL_SEND
             assert sid is not None
-            record = self._senders.get(sid)
+            record = by_wire.get((True, sid))
             if record is not None:
-                self._forget_sender(record)
+                self._step(record, Input.RECV_RESET)
                 events.append(ChannelReset(record.handle, "cancelled by the receiver"))
 
     def _on_stray(self, sid: int, what: str) -> None:
@@ -277,7 +315,7 @@ class OmnistreamsEngine(Engine):
         self._emit(Kind.CANCEL_SEND, sid)  # the spec: ignore the data and cancel
 
     def _on_create(self, sid: int, payload: BytesLike, events: list[Event]) -> None:
-        if sid in self._receivers:
+        if (False, sid) in self._by_wire:
             raise self._error(f"CREATE_RECEIVE_STREAM for stream {sid}, which is already open")
         self._cancelled.discard(sid)
         self._ended.discard(sid)
@@ -301,26 +339,19 @@ class OmnistreamsEngine(Engine):
                 chunk = announced
         # The byte window fits the session's memory budget with the other streams'.
         config = self.config
-        granted = sum(
-            r.recv.window * r.send.chunk
-            for r in self._channels.values()
-            if r.recv is not None and isinstance(r.send, MessageCredit)
-        )
+        granted = sum(r.recv.window * r.send.chunk for r in self._channels.values() if r.recv is not None)
         window = max(1, budget_window(config.receive_window, config.max_session_memory, granted) // chunk)
-        record = ChannelRecord(
-            handle=self._new_handle(),
-            wire_id=sid,
-            local_origin=False,
+        record = self._create(
+            OmnistreamsRecord,
+            sid,
+            local=False,
             name=name,
             send=MessageCredit(chunk),
             recv=MessageWindow(window, max(1, window // 4)),
-            local_end=True,  # we never write on it
+            chunk=chunk,
+            metadata=raw,
+            meta=meta,
         )
-        record.extra["chunk"] = chunk
-        record.extra["metadata"] = raw
-        record.extra["meta"] = meta
-        self._channels[record.handle] = record
-        self._receivers[sid] = record
         if len(raw) > config.max_name_bytes:
             self.reject_channel(record.handle)  # metadata beyond max_name_bytes: refused
             return
@@ -336,30 +367,22 @@ class OmnistreamsEngine(Engine):
             raise RuntimeError(f"{self.format}: all 256 stream ids are in use")
         sid = self._free_ids.popleft()
         metadata = encode_metadata(name, self.chunk_size, extra)
-        record = ChannelRecord(
-            handle=self._new_handle(),
-            wire_id=sid,
-            local_origin=True,
+        record = self._create(
+            OmnistreamsRecord,
+            sid,
+            local=True,
             name=name,
             send=MessageCredit(self.chunk_size),
-            recv=None,
-            accepted=True,
-            remote_end=True,  # the peer never writes on it
+            chunk=self.chunk_size,
+            metadata=metadata,
+            meta=decode_metadata(metadata),
         )
-        record.extra["metadata"] = metadata
-        record.extra["meta"] = decode_metadata(metadata)
-        self._channels[record.handle] = record
-        self._senders[sid] = record
         self._emit(Kind.CREATE, sid, metadata)
         return record.handle
 
-    def accept_channel(self, channel: int) -> None:
-        """Take an incoming stream: grant its initial credit (REQUEST_DATA)."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        record.accepted = True
-        if record.remote_end:
+    def _on_accept(self, record: OmnistreamsRecord) -> None:
+        """Taking an incoming stream: grant its initial credit (REQUEST_DATA)."""
+        if record.state is ChannelState.CLOSING:
             # It ended before we took it: nothing to request. Its metadata stays readable
             # until the output is next collected (the I/O layer is still wiring it up).
             self._lingering.append(record)
@@ -369,24 +392,17 @@ class OmnistreamsEngine(Engine):
         for count in split_count(recv.window):
             self._emit(Kind.REQUEST_DATA, record.wire_id, bytes((count,)))
 
-    def reject_channel(self, channel: int) -> None:
-        """Refuse an incoming stream: CANCEL_SEND."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        if record.remote_end:  # it ended already: nothing to cancel
-            self._channels.pop(record.handle, None)
-            return
-        self._cancel_receiver(record)
+    def _on_reject(self, record: OmnistreamsRecord, previous: ChannelState) -> None:
+        """Refusing an incoming stream: CANCEL_SEND (unless it ended already)."""
+        if previous is not ChannelState.OFFERED_REMOTE_ENDED:
+            self._cancel(record)
 
     def send_credit(self, channel: int) -> int:
         """Bytes that fit in the messages the peer still requests (0 on a receive-only stream)."""
         record = self._channels.get(channel)
-        if record is None or not record.local_origin or record.local_end:
+        if record is None or record.state not in TRANSITIONS.sending:
             return 0
-        send = record.send
-        assert isinstance(send, MessageCredit)
-        return send.available_bytes
+        return record.send.available_bytes
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue ``data`` (then ``more``) as STREAM_DATA messages of at most ``chunkSize``
@@ -394,13 +410,8 @@ class OmnistreamsEngine(Engine):
         total must not exceed :meth:`send_credit`."""
         if more:
             data = b"".join((data, *more))
-        record = self._record(channel)
-        if not record.local_origin:
-            raise RuntimeError(f"{self.format}: {record.describe()} is receive-only")
-        if record.local_end:
-            raise RuntimeError(f"{self.format}: cannot send on {record.describe()} after its end")
+        record = self._writable(channel)
         send = record.send
-        assert isinstance(send, MessageCredit)
         n = len(data)
         send.consume_bytes(n)
         sid = record.wire_id
@@ -415,28 +426,24 @@ class OmnistreamsEngine(Engine):
     def end_channel(self, channel: int) -> bool:
         """Our stream: STREAM_END (its id is free again). A stream we read: we stop reading
         it, so it is cancelled (CANCEL_SEND) unless it already ended. Always closes."""
-        record = self._channels.get(channel)
-        if record is None:
-            return True
-        if record.local_origin:
-            self._emit(Kind.END, record.wire_id)
-            self._forget_sender(record)
-        else:
-            self._cancel_receiver(record)
+        if channel in self._channels:
+            super().end_channel(channel)
         return True
 
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
+    def _send_end(self, record: OmnistreamsRecord) -> None:
+        if record.local_origin:
+            self._emit(Kind.END, record.wire_id)
+        else:
+            self._cancel(record)
+
+    def _send_reset(self, record: OmnistreamsRecord, previous: ChannelState, message: str | None) -> None:
         """Cancel a stream: CANCEL_SEND when we read it; CANCEL_RECEIVE when we write it
         (STREAM_END in the legacy numbering, which has no cancel from the sender)."""
-        record = self._channels.get(channel)
-        if record is None:
-            return
         if not record.local_origin:
-            self._cancel_receiver(record)
+            self._cancel(record)
             return
         kind = Kind.CANCEL_RECEIVE if self._codes[Kind.CANCEL_RECEIVE] is not None else Kind.END
         self._emit(kind, record.wire_id)
-        self._forget_sender(record)
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """The application consumed ``n`` bytes of a stream we read: request more messages
@@ -460,14 +467,11 @@ class OmnistreamsEngine(Engine):
 
     def metadata(self, channel: int) -> bytes | None:
         """The creation metadata of a live stream, as sent on the wire."""
-        raw = self._record(channel).extra["metadata"]
-        assert isinstance(raw, bytes)
-        return raw
+        return self._record(channel).metadata
 
     def metadata_object(self, channel: int) -> dict[str, Any] | None:
         """The creation metadata of a live stream as a JSON object (``None``: opaque bytes)."""
-        meta = self._record(channel).extra["meta"]
-        return meta if isinstance(meta, dict) else None
+        return self._record(channel).meta
 
     def is_sender(self, channel: int) -> bool:
         """True when we write ``channel`` (we opened it), False when we read it."""
@@ -480,14 +484,11 @@ class OmnistreamsEngine(Engine):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _forget_sender(self, record: ChannelRecord) -> None:
-        record.local_end = True
-        self._channels.pop(record.handle, None)
-        if self._senders.pop(record.wire_id, None) is not None:
+    def _release(self, record: OmnistreamsRecord) -> None:
+        if record.local_origin:
             self._free_ids.append(record.wire_id)
 
-    def _cancel_receiver(self, record: ChannelRecord) -> None:
-        self._channels.pop(record.handle, None)
-        self._receivers.pop(record.wire_id, None)
+    def _cancel(self, record: OmnistreamsRecord) -> None:
+        """Cancel a stream we read (CANCEL_SEND); what is in flight on it is dropped."""
         self._cancelled.add(record.wire_id)
         self._emit(Kind.CANCEL_SEND, record.wire_id)

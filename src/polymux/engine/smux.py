@@ -46,22 +46,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
-from polymux.engine.channel import ChannelRecord
-from polymux.engine.events import (
-    ChannelClosed,
-    ChannelEnded,
-    ChannelOpened,
-    CreditAvailable,
-    Event,
-    PingAcked,
-)
+from polymux.engine.channel import HALF_CLOSE, IGNORE, ChannelRecord, ChannelState, Input, Transitions
+from polymux.engine.events import ChannelOpened, CreditAvailable, Event, PingAcked
 from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
-from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import smux as wire
 from polymux.wire.smux import Cmd
 
@@ -69,6 +61,21 @@ from polymux.wire.smux import Cmd
 __all__ = ["SmuxEngine", "SmuxRecord"]
 
 _MASK = 0xFFFFFFFF
+_S = ChannelState
+
+TRANSITIONS = Transitions(
+    {
+        **{k: v for k, v in HALF_CLOSE.items() if k[1] is not Input.RECV_RESET},  # no reset frame
+        # xtaci's writers can send frames after their FIN when a stream is closed while a
+        # write is under way, and sends a second FIN on Close() after CloseWrite(): dropped.
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_DATA): IGNORE,
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_DATA): IGNORE,
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_END): IGNORE,
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_END): IGNORE,
+    }
+)
+"""smux's stream states: the common half-close life without a reset from the peer (ours and
+a refusal are a FIN); what follows the peer's FIN is dropped."""
 
 
 @dataclass(slots=True, eq=False)
@@ -83,7 +90,7 @@ class SmuxRecord(ChannelRecord):
     """The receive window we announce (our UPDs carry it)."""
 
 
-class SmuxEngine(Engine):
+class SmuxEngine(Engine[SmuxRecord]):
     """One side of an smux session.
 
     Args:
@@ -96,6 +103,8 @@ class SmuxEngine(Engine):
     needs_acceptance = False
     has_ping = True
     ping_answered = False
+    _tables = (TRANSITIONS, TRANSITIONS)
+    _ids_per_origin = False  # clients odd, servers even
 
     def __init__(
         self, version: int = 1, config: SessionConfig | None = None, *, is_client: bool = True
@@ -110,7 +119,6 @@ class SmuxEngine(Engine):
         self.is_client = is_client
         self.max_frame = min(self.config.send_frame, wire.MAX_PAYLOAD)
         self._decoder = wire.Decoder(version, self.format)
-        self._by_id: dict[int, SmuxRecord] = {}
         self._next_id = 3 if is_client else 2
         self._peer_max = -1  # the highest id the peer opened
         self._pings: list[int] = []  # outstanding pings, oldest first
@@ -142,46 +150,36 @@ class SmuxEngine(Engine):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
-        by_id = self._by_id
-        runs = DataRuns(events)
-        try:
-            frames = self._decoder.feed(data)
-            for cmd, stream_id, body in frames:
-                if cmd == Cmd.PSH:
-                    record = by_id.get(stream_id)
-                    if record is not None and not record.remote_end:
-                        n = len(body)
-                        if n:
-                            recv = record.recv
-                            if recv is not None and not recv.received(n):
-                                raise self._overrun(record, n)
-                            runs.add(record, body, n)
-                        continue
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
+        by_wire = self._by_wire
+        receiving = TRANSITIONS.receiving
+        frames = self._decoder.feed(data)
+        for cmd, stream_id, body in frames:
+            if cmd == Cmd.PSH:
+                record = by_wire.get(stream_id)
+                if record is None:
                     self._check_known(stream_id, "PSH")
-                    continue  # gone, or data after its FIN: dropped
-                runs.flush()
-                self._on_frame(cmd, stream_id, body, events)
+                    continue  # gone: dropped
+                if record.state not in receiving and self._step(record, Input.RECV_DATA) is None:
+                    continue
+                n = len(body)
+                if n:
+                    recv = record.recv
+                    if recv is not None and not recv.received(n):
+                        raise self._overrun(record, n)
+                    runs.add(record, body, n)
+                continue
             runs.flush()
-        except ProtocolError:
-            self.closed = True
-            raise
+            self._on_frame(cmd, stream_id, body, runs.events)
         if frames and self._pings:
             # Any whole frame is the peer's sign of life: nothing answers a NOP.
-            events.extend(PingAcked(opaque) for opaque in self._pings)
+            runs.flush()
+            runs.events.extend(PingAcked(opaque) for opaque in self._pings)
             self._pings.clear()
-        return events
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        if not pending:
-            return None
+    def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
-        return pending, "frame" + (f" on stream {where}" if where is not None else "")
+        return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"
 
     def _on_frame(self, cmd: int, stream_id: int, body: BytesLike, events: list[Event]) -> None:
         if cmd == Cmd.NOP:
@@ -189,18 +187,12 @@ class SmuxEngine(Engine):
         if cmd == Cmd.SYN:
             self._on_syn(stream_id, events)
             return
-        record = self._by_id.get(stream_id)
+        record = self._by_wire.get(stream_id)
         if record is None:
             self._check_known(stream_id, Cmd(cmd).name)
             return  # a stream that is gone: dropped
         if cmd == Cmd.FIN:
-            if record.remote_end:
-                return  # xtaci sends a second FIN on Close() after CloseWrite()
-            record.remote_end = True
-            events.append(ChannelEnded(record.handle))
-            if record.local_end:
-                self._forget(record)
-                events.append(ChannelClosed(record.handle))
+            self._recv_end(record, events)
             return
         # UPD (the decoder lets it through in version 2 only)
         consumed, window = wire.decode_upd(body)
@@ -223,7 +215,7 @@ class SmuxEngine(Engine):
             raise self._error(
                 f"SYN for stream {stream_id}, an id of our parity (the client opens odd ids, the server even)"
             )
-        if stream_id in self._by_id:
+        if stream_id in self._by_wire:
             raise self._error(f"SYN for stream {stream_id}, which is already open")
         self._peer_max = max(self._peer_max, stream_id)
         record = self._new_record(stream_id, local=False)
@@ -236,15 +228,6 @@ class SmuxEngine(Engine):
         if stream_id >= self._next_id if ours else stream_id > self._peer_max:
             raise self._error(f"{what} frame for stream {stream_id}, which was never opened")
 
-    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
-        assert record.recv is not None
-        self.closed = True
-        return FlowControlError(
-            self.format,
-            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} bytes > "
-            f"window {record.recv.window}",
-        )
-
     # -- commands ----------------------------------------------------------------------------
 
     def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
@@ -256,26 +239,17 @@ class SmuxEngine(Engine):
             raise RuntimeError(f"{self.format}: stream ids are exhausted (ids are 32-bit)")
         self._next_id += 2
         record = self._new_record(stream_id, local=True, name=name)
-        record.accepted = True
         self._out.append(wire.encode_header(self.version, Cmd.SYN, stream_id))
         self._announce(record)
         return record.handle
 
-    def accept_channel(self, channel: int) -> None:
-        """Accept an incoming stream (nothing on the wire but, in version 2, our window)."""
-        record = cast(SmuxRecord, self._record(channel))
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        record.accepted = True
+    def _on_accept(self, record: SmuxRecord) -> None:
+        """Accepting an incoming stream: nothing on the wire but, in version 2, our window."""
         self._announce(record)
 
-    def reject_channel(self, channel: int) -> None:
-        """Refuse an incoming stream: FIN (smux has no reset), and forget it."""
-        record = cast(SmuxRecord, self._record(channel))
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
+    def _on_reject(self, record: SmuxRecord, previous: ChannelState) -> None:
+        """Refusing an incoming stream: FIN (smux has no reset)."""
         self._fin(record)
-        self._forget(record)
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue PSH frames of at most :attr:`max_frame` bytes (views of ``data``)."""
@@ -288,40 +262,29 @@ class SmuxEngine(Engine):
                 record, data, more, total, lambda size: wire.encode_header(version, Cmd.PSH, sid, size)
             )
 
-    def end_channel(self, channel: int) -> bool:
-        """Half-close (FIN); the stream is gone once the peer's FIN came too."""
-        record = cast(SmuxRecord, self._record(channel))
-        if record.local_end:
-            return False
+    def _send_end(self, record: SmuxRecord) -> None:
+        """Half-close: FIN (the stream is gone once the peer's FIN came too)."""
         self._fin(record)
-        if record.remote_end:
-            self._forget(record)
-            return True
-        return False
 
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
+    def _send_reset(self, record: SmuxRecord, previous: ChannelState, message: str | None) -> None:
         """End the stream abnormally: smux has no reset (nor a message), so FIN unless sent
-        already, and forget it: what the peer sends on it afterwards is dropped."""
-        record = cast("SmuxRecord | None", self._channels.get(channel))
-        if record is not None:
-            if not record.local_end:
-                self._fin(record)
-            self._forget(record)
+        already; what the peer sends on it afterwards is dropped."""
+        if not previous.local_end:
+            self._fin(record)
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Version 2: return credit (a UPD) once enough is consumed. Version 1: nothing."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
-            return
-        credit = record.recv.consumed(n)
-        if credit:
-            smux_record = cast(SmuxRecord, record)
-            smux_record.acked += credit
-            self._credit[channel] = smux_record
-            if record.recv.window > smux_record.window:
+        due = self._credit_due(channel, n)
+        if due is not None:
+            record, credit = due
+            recv = record.recv
+            assert recv is not None
+            record.acked += credit
+            self._credit[channel] = record
+            if recv.window > record.window:
                 # A window below the 256 KiB the peer starts with: what it may have sent on
                 # that guess shrinks as we acknowledge, down to our window.
-                record.recv.window = max(smux_record.window, wire.INITIAL_PEER_WINDOW - smux_record.acked)
+                recv.window = max(record.window, wire.INITIAL_PEER_WINDOW - record.acked)
 
     def ping(self) -> int:
         """Send a NOP; returns an opaque value. Nothing answers a NOP: the next whole frame
@@ -349,18 +312,15 @@ class SmuxEngine(Engine):
             # Until it hears from us the peer may have 256 KiB in flight, whatever our window.
             recv = ReceiveWindow(max(window, wire.INITIAL_PEER_WINDOW), threshold)
             send = SendCredit(wire.INITIAL_PEER_WINDOW)
-        record = SmuxRecord(
-            handle=self._new_handle(),
-            wire_id=stream_id,
-            local_origin=local,
+        return self._create(
+            SmuxRecord,
+            stream_id,
+            local=local,
             name=name or str(stream_id),
             send=send,
             recv=recv,
             window=window,
         )
-        self._channels[record.handle] = record
-        self._by_id[stream_id] = record
-        return record
 
     def _announce(self, record: SmuxRecord) -> None:
         """Version 2: tell the peer our window when it is not the one it assumes."""
@@ -368,11 +328,8 @@ class SmuxEngine(Engine):
             self._out.append(wire.encode_upd(2, record.wire_id, record.acked, record.window))
 
     def _fin(self, record: SmuxRecord) -> None:
-        record.local_end = True
         self._out.append(wire.encode_header(self.version, Cmd.FIN, record.wire_id))
 
-    def _forget(self, record: SmuxRecord) -> None:
-        self._channels.pop(record.handle, None)
+    def _release(self, record: SmuxRecord) -> None:
         self._credit.pop(record.handle, None)
-        self._by_id.pop(record.wire_id, None)
         self._granted -= record.window

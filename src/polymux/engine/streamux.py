@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine.base import Engine, run_size
-from polymux.engine.channel import ChannelRecord
+from polymux.engine.base import DataRuns, Engine, run_size
+from polymux.engine.channel import HALF_CLOSE, ChannelRecord, ChannelState, Input, Refuse, Transitions
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
@@ -73,16 +74,74 @@ from polymux.exceptions import LimitExceeded, ProtocolError
 from polymux.wire import streamux as wire
 
 
-__all__ = ["StreamuxEngine"]
+__all__ = ["StreamuxEngine", "StreamuxRecord"]
+
+_S = ChannelState
+_I = Input
+_RESPONSE_AFTER_END = Refuse("response to request {id} continued after its termination")
+_REQUEST_AFTER_END = Refuse("request {id} continued after its termination")
+
+OUR_REQUESTS = Transitions(
+    {
+        **HALF_CLOSE,
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_DATA): _RESPONSE_AFTER_END,
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_END): _RESPONSE_AFTER_END,
+    }
+)
+"""The states of a request we make (we write the request, the peer the response): the
+common half-close life; reset is a cancel; nothing may follow the response's termination."""
+
+SERVED_REQUESTS = Transitions(
+    {
+        **HALF_CLOSE,
+        # Rejecting or resetting drops the rest of the request and ends the response (an
+        # empty termination, sent once the request has ended): Streamux cannot say why. A
+        # request is one message, so it may be rejected even once taken: the same drop.
+        **{
+            (state, command): outcome
+            for command in (_I.REJECT, _I.RESET)
+            for state, outcome in (
+                (_S.OFFERED_REMOTE, _S.HALF_CLOSED_LOCAL),
+                (_S.OFFERED_REMOTE_ENDED, _S.CLOSED),
+                (_S.OPEN, _S.HALF_CLOSED_LOCAL),
+                (_S.HALF_CLOSED_LOCAL, _S.HALF_CLOSED_LOCAL),
+                (_S.HALF_CLOSED_REMOTE, _S.CLOSED),
+            )
+        },
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_DATA): _REQUEST_AFTER_END,
+        (_S.OFFERED_REMOTE_ENDED, _I.RECV_DATA): _REQUEST_AFTER_END,
+        (_S.HALF_CLOSED_REMOTE, _I.RECV_END): _REQUEST_AFTER_END,
+        (_S.OFFERED_REMOTE_ENDED, _I.RECV_END): _REQUEST_AFTER_END,
+    }
+)
+"""The states of a request we serve (the peer writes the request, we the response): the
+common half-close life (the peer's reset is its cancel), except that rejecting or resetting
+it only ends our side until the request has ended, and nothing may follow the request's
+termination."""
 
 
-class StreamuxEngine(Engine):
+@dataclass(slots=True, eq=False)
+class StreamuxRecord(ChannelRecord):
+    """A request's record with Streamux's own fields (those of requests we serve)."""
+
+    dropped: bool = False
+    """Rejected or reset: the rest of the request is dropped, unseen by the application."""
+    held: int = 0
+    """Bytes the I/O layer holds for the response while the request goes on (:meth:`StreamuxEngine.may_hold`)."""
+    end_held: bool = False
+    """The response ended before the request: its termination goes out when the request ends."""
+    waiting: bool = False
+    """The response was refused credit before the request ended: a CreditAvailable follows its end."""
+
+
+class StreamuxEngine(Engine[StreamuxRecord]):
     """One side of a Streamux session."""
 
     format = "streamux"
     has_flow_control = False
     needs_acceptance = False
     has_ping = True
+    _tables = (SERVED_REQUESTS, OUR_REQUESTS)
 
     def __init__(self, config: SessionConfig | None = None, *, random_id: int | None = None) -> None:
         super().__init__()
@@ -108,17 +167,15 @@ class StreamuxEngine(Engine):
         self._decoder: wire.Decoder | None = None
         self._init_buf = bytearray()
         self._random_id = random_id
-        self._local: dict[int, ChannelRecord] = {}
-        self._remote: dict[int, ChannelRecord] = {}
         self._locked: set[int] = set()
         self._pings: dict[int, float] = {}
         self._next_id = 0
         self.now = 0.0
         self.rtt: float | None = None
         self.held_bytes = 0
-        self._early = c.streamux_early_responses  # polymux-only conversations: no hold
         """Bytes held for responses that wait for their requests' end (unsent, or unread),
         as the I/O layer last reported them (:meth:`may_hold`), summed over the session."""
+        self._early = c.streamux_early_responses  # polymux-only conversations: no hold
         self._out.append(wire.encode_init(self.ours))
         if self.ours.quick_request:
             # Quick init: the peer will take our recommended values (or fail).
@@ -138,30 +195,22 @@ class StreamuxEngine(Engine):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
-        try:
-            if self.theirs is None:
-                need = wire.INIT_SIZE - len(self._init_buf)
-                self._init_buf += data[:need]
-                data = data[need:]
-                if len(self._init_buf) < wire.INIT_SIZE:
-                    return events
-                self._on_init(wire.decode_init(self._init_buf), events)
-            if data:
-                assert self._decoder is not None
-                for cid, response, termination, payload in self._decoder.feed(data):
-                    if response:
-                        self._on_response(cid, termination, payload, events)
-                    else:
-                        self._on_request(cid, termination, payload, events)
-        except ProtocolError:
-            self.closed = True
-            raise
-        return events
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
+        events = runs.events  # (a chunk is an event of its own: no runs)
+        if self.theirs is None:
+            need = wire.INIT_SIZE - len(self._init_buf)
+            self._init_buf += data[:need]
+            data = data[need:]
+            if len(self._init_buf) < wire.INIT_SIZE:
+                return
+            self._on_init(wire.decode_init(self._init_buf), events)
+        if data:
+            assert self._decoder is not None
+            for cid, response, termination, payload in self._decoder.feed(data):
+                if response:
+                    self._on_response(cid, termination, payload, events)
+                else:
+                    self._on_request(cid, termination, payload, events)
 
     def _on_init(self, theirs: wire.InitMessage, events: list[Event]) -> None:
         self.theirs = theirs
@@ -172,19 +221,17 @@ class StreamuxEngine(Engine):
         elif n != self.negotiated:
             raise self._error(f"quick init assumed {self.negotiated}, negotiation gave {n}")
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = (self._decoder.pending if self._decoder else 0) + (
-            len(self._init_buf) if self.theirs is None else 0
-        )
-        return (pending, "chunk") if pending else None
+    def _unfinished_input(self) -> tuple[int, str]:
+        pending = self._decoder.pending if self._decoder else 0
+        return pending + (len(self._init_buf) if self.theirs is None else 0), "chunk"
 
     def _on_request(self, cid: int, termination: bool, payload: BytesLike, events: list[Event]) -> None:
         n = len(payload)
-        record = self._remote.get(cid)
+        record = self._by_wire.get((False, cid))
         if n == 0 and not termination:  # cancel
             if record is not None:
-                self._forget(record)
-                if not record.extra.get("dropped"):
+                self._step(record, Input.RECV_RESET)
+                if not record.dropped:
                     events.append(ChannelReset(record.handle, "request cancelled by the peer"))
             self._chunk(cid, 0, response=True, termination=False)  # cancel ack, always
             return
@@ -194,10 +241,10 @@ class StreamuxEngine(Engine):
                 return
             record = self._new_record(cid, local=False)
             events.append(ChannelOpened(record.handle, record.name))
-        elif record.remote_end:
-            raise self._error(f"request {cid} continued after its termination")
-        if n and not record.extra.get("dropped"):
-            events.append(DataReceived(record.handle, payload, n))
+        if n:
+            self._step(record, Input.RECV_DATA)  # (refused after the request's termination)
+            if not record.dropped:
+                events.append(DataReceived(record.handle, payload, n))
         if termination:
             self._remote_ended(record, events)
 
@@ -215,34 +262,32 @@ class StreamuxEngine(Engine):
             self.rtt = max(0.0, self.now - sent)
             events.append(PingAcked(cid))
             return
-        record = self._local.get(cid)
+        record = self._by_wire.get((True, cid))
         if record is None:
             raise self._error(f"response to request {cid}, which we never sent (or already completed)")
-        if record.remote_end:
-            raise self._error(f"response to request {cid} continued after its termination")
         if n:
+            self._step(record, Input.RECV_DATA)  # (refused after the response's termination)
             events.append(DataReceived(record.handle, payload, n))
         if termination:
             self._remote_ended(record, events)
 
-    def _remote_ended(self, record: ChannelRecord, events: list[Event]) -> None:
-        record.remote_end = True
+    def _remote_ended(self, record: StreamuxRecord, events: list[Event]) -> None:
+        state = self._step(record, Input.RECV_END)
         waiting = False
         if not record.local_origin:
             # The request ended: its response may go on the wire from now on.
             self._release_hold(record)
-            if record.extra.pop("end_held", False):
+            if record.end_held:
+                record.end_held = False
                 self._chunk(record.wire_id, 0, response=True, termination=True)
-            waiting = bool(record.extra.pop("waiting", False))
-        if record.extra.get("dropped"):
-            if record.local_end:
-                self._forget(record)
+            waiting, record.waiting = record.waiting, False
+        if record.dropped:
             return
         events.append(ChannelEnded(record.handle))
-        if waiting and not record.local_end:
+        closed = state is ChannelState.CLOSED
+        if waiting and not closed:
             events.append(CreditAvailable(record.handle))
-        if record.local_end:
-            self._forget(record)
+        if closed:
             events.append(ChannelClosed(record.handle))
 
     # -- commands ----------------------------------------------------------------------------
@@ -255,33 +300,28 @@ class StreamuxEngine(Engine):
         for _ in range(count):
             cid = self._next_id
             self._next_id = (cid + 1) % count
-            if cid not in self._local and cid not in self._locked and cid not in self._pings:
+            if (True, cid) not in self._by_wire and cid not in self._locked and cid not in self._pings:
                 return cid
         raise RuntimeError(f"{self.format}: all {count} request ids are in flight ({n.id_bits}-bit ids)")
 
     def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Start a request (its chunks go out as the application writes)."""
         record = self._new_record(self._allocate_id(), local=True, name=name)
-        record.accepted = True
         return record.handle
 
-    def accept_channel(self, channel: int) -> None:
-        """Take an incoming request (nothing goes on the wire)."""
-        self._record(channel).accepted = True
-
-    def reject_channel(self, channel: int) -> None:
-        """Refuse a request: the rest of it is dropped, and it gets an empty response once it
-        has ended."""
-        self._drop(self._record(channel))
+    def _on_reject(self, record: StreamuxRecord, previous: ChannelState) -> None:
+        """Refusing a request: the rest of it is dropped, and it gets an empty response once
+        it has ended."""
+        self._drop(record, previous)
 
     def send_credit(self, channel: int) -> int:
         """Unlimited (no credit on the wire), except 0 for a response whose request has not
         ended yet (see the module docstring)."""
         record = self._channels.get(channel)
-        if record is None or not record.accepted or record.local_end:
+        if record is None or record.state not in self._tables[record.local_origin].sending:
             return 0
         if not record.local_origin and not record.remote_end and not self._early:
-            record.extra["waiting"] = True  # a CreditAvailable follows the request's end
+            record.waiting = True  # a CreditAvailable follows the request's end
             return 0
         return record.send.available
 
@@ -297,9 +337,7 @@ class StreamuxEngine(Engine):
         if record is None or record.local_origin or record.remote_end or record.local_end or self._early:
             return False
         config = self.config
-        previous = record.extra.get("held", 0)
-        assert isinstance(previous, int)
-        total = self.held_bytes - previous + held
+        total = self.held_bytes - record.held + held
         problem = None
         if held > config.streamux_response_hold:
             problem = f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold}"
@@ -314,7 +352,7 @@ class StreamuxEngine(Engine):
                 f"{self.format}: the response to request {record.wire_id} cannot be sent before the "
                 f"request ends, and it holds more while the request is still arriving: {problem}"
             )
-        record.extra["held"] = held
+        record.held = held
         self.held_bytes = total
         return True
 
@@ -335,35 +373,23 @@ class StreamuxEngine(Engine):
                 record, data, more, total, lambda size: wire.encode_header(n, cid, size, response, False)
             )
 
-    def end_channel(self, channel: int) -> bool:
+    def _send_end(self, record: StreamuxRecord) -> None:
         """Terminate our message (an empty termination chunk; a response's waits for the end
         of its request)."""
-        record = self._record(channel)
-        if record.local_end:
-            return False
         if record.local_origin:
-            record.local_end = True
             self._chunk(record.wire_id, 0, response=False, termination=True)
         else:
             self._end_response(record)
-        if record.remote_end:
-            self._forget(record)
-            return True
-        return False
 
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
+    def _send_reset(self, record: StreamuxRecord, previous: ChannelState, message: str | None) -> None:
         """Our request: cancel it (the id stays locked until the ack). A request we serve:
         drop the rest of the request and end the response (an empty termination once the
         request has ended; Streamux cannot say why)."""
-        record = self._channels.get(channel)
-        if record is None:
-            return
         if record.local_origin:
             self._chunk(record.wire_id, 0, response=False, termination=False)  # cancel
             self._locked.add(record.wire_id)
-            self._forget(record)
         else:
-            self._drop(record)
+            self._drop(record, previous)
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Nothing to do: no credit on the wire."""
@@ -378,48 +404,30 @@ class StreamuxEngine(Engine):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _drop(self, record: ChannelRecord) -> None:
-        record.extra["dropped"] = True
-        if not record.local_end:
+    def _drop(self, record: StreamuxRecord, previous: ChannelState) -> None:
+        record.dropped = True
+        if not previous.local_end:
             self._end_response(record)
-        if record.remote_end:
-            self._forget(record)
 
-    def _end_response(self, record: ChannelRecord) -> None:
+    def _end_response(self, record: StreamuxRecord) -> None:
         """Terminate the response to a request we serve: now if the request has ended, else
         when it ends (:meth:`_remote_ended`)."""
-        record.local_end = True
         self._release_hold(record)
         if record.remote_end or self._early:
             self._chunk(record.wire_id, 0, response=True, termination=True)
         else:
-            record.extra["end_held"] = True
+            record.end_held = True
 
-    def _release_hold(self, record: ChannelRecord) -> None:
-        held = record.extra.pop("held", 0)
-        assert isinstance(held, int)
-        self.held_bytes -= held
+    def _release_hold(self, record: StreamuxRecord) -> None:
+        self.held_bytes -= record.held
+        record.held = 0
 
     def _chunk(self, cid: int, length: int, *, response: bool, termination: bool) -> None:
         assert self.negotiated is not None
         self._out.append(wire.encode_header(self.negotiated, cid, length, response, termination))
 
-    def _new_record(self, cid: int, *, local: bool, name: str = "") -> ChannelRecord:
-        record = ChannelRecord(
-            handle=self._new_handle(),
-            wire_id=cid,
-            local_origin=local,
-            name=name or str(cid),
-            send=SendCredit(None),
-            recv=None,
-        )
-        self._channels[record.handle] = record
-        (self._local if local else self._remote)[cid] = record
-        return record
+    def _new_record(self, cid: int, *, local: bool, name: str = "") -> StreamuxRecord:
+        return self._create(StreamuxRecord, cid, local=local, name=name or str(cid), send=SendCredit(None))
 
-    def _forget(self, record: ChannelRecord) -> None:
+    def _release(self, record: StreamuxRecord) -> None:
         self._release_hold(record)
-        self._channels.pop(record.handle, None)
-        table = self._local if record.local_origin else self._remote
-        if table.get(record.wire_id) is record:
-            del table[record.wire_id]

@@ -29,16 +29,15 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
-from polymux.engine.channel import ChannelRecord
+from polymux.engine.channel import HALF_CLOSE, IGNORE, ChannelRecord, ChannelState, Input, Refuse, Transitions
 from polymux.engine.events import (
     ChannelAccepted,
-    ChannelClosed,
-    ChannelEnded,
     ChannelOpened,
     ChannelReset,
     CreditAvailable,
@@ -48,15 +47,41 @@ from polymux.engine.events import (
     SessionClosed,
 )
 from polymux.engine.flow import ReceiveWindow, SendCredit
-from polymux.exceptions import FlowControlError, ProtocolError
+from polymux.exceptions import ProtocolError
 from polymux.wire import yamux as wire
 from polymux.wire.yamux import Flag, GoAwayCode, Type
 
 
-__all__ = ["YamuxEngine"]
+__all__ = ["YamuxEngine", "YamuxRecord"]
+
+_S = ChannelState
+_AFTER_FIN = Refuse("data for stream {id} after its FIN")
+
+TRANSITIONS = Transitions(
+    {
+        **HALF_CLOSE,
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_DATA): _AFTER_FIN,
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_DATA): _AFTER_FIN,
+        (_S.HALF_CLOSED_REMOTE, Input.RECV_END): IGNORE,  # a FIN on a later frame again
+        (_S.OFFERED_REMOTE_ENDED, Input.RECV_END): IGNORE,
+    }
+)
+"""yamux's stream states: the common half-close life (a stream is usable before its ACK;
+rejecting is RST), data after the peer's FIN is an error, a repeated FIN is ignored."""
 
 
-class YamuxEngine(Engine):
+@dataclass(slots=True, eq=False)
+class YamuxRecord(ChannelRecord):
+    """A stream's record with yamux's own fields."""
+
+    acked: bool = False
+    """Our stream: the peer's ACK arrived (:class:`ChannelAccepted` was reported)."""
+    epoch: float = 0.0
+    """When the window was last returned (auto-tuning: a window consumed within 4 x RTT
+    grows)."""
+
+
+class YamuxEngine(Engine[YamuxRecord]):
     """One side of a yamux session.
 
     Args:
@@ -69,6 +94,8 @@ class YamuxEngine(Engine):
     needs_acceptance = False
     open_acknowledged = True
     has_ping = True
+    _tables = (TRANSITIONS, TRANSITIONS)
+    _ids_per_origin = False  # clients odd, servers even
 
     def __init__(self, config: SessionConfig | None = None, *, is_client: bool = True) -> None:
         super().__init__()
@@ -76,12 +103,11 @@ class YamuxEngine(Engine):
         self.is_client = is_client
         self.max_frame = self.config.send_frame
         self._decoder = wire.Decoder(max(self.config.max_receive_window, wire.INITIAL_WINDOW))
-        self._by_id: dict[int, ChannelRecord] = {}
         self._next_id = 1 if is_client else 2
         self._pings: dict[int, float] = {}
         self._next_ping = 1
         self._grown = 0  # bytes of window granted beyond the initial ones, session-wide
-        self._credit: dict[int, tuple[ChannelRecord, int]] = {}  # handle -> window update due
+        self._credit: dict[int, tuple[YamuxRecord, int]] = {}  # handle -> window update due
         self.now = 0.0
         """The current time (seconds, any monotonic clock); set by the I/O layer."""
         self.rtt: float | None = None
@@ -120,38 +146,28 @@ class YamuxEngine(Engine):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Process bytes from the peer; return the events. Then call :meth:`data_to_send`."""
-        if self.closed:
-            raise self._error("received data after the session ended")
-        events: list[Event] = []
-        by_id = self._by_id
-        runs = DataRuns(events)
-        try:
-            for type_, flags, stream_id, length, body in self._decoder.feed(data):
-                if type_ == Type.DATA and not flags:
-                    # Fast path: plain data for a live stream.
-                    record = by_id.get(stream_id)
-                    if record is not None and not record.remote_end and length:
-                        if record.recv is not None and not record.recv.received(length):
-                            raise self._overrun(record, length)
-                        runs.add(record, body, length)
-                        continue
-                runs.flush()
-                self._on_frame(type_, flags, stream_id, length, body, events)
+    def _receive(self, data: bytes, runs: DataRuns) -> None:
+        by_wire = self._by_wire
+        receiving = TRANSITIONS.receiving
+        for type_, flags, stream_id, length, body in self._decoder.feed(data):
+            if type_ == Type.DATA and not flags:
+                # Fast path: plain data for a live stream.
+                record = by_wire.get(stream_id)
+                if record is not None and record.state in receiving and length:
+                    if record.recv is not None and not record.recv.received(length):
+                        raise self._overrun(record, length)
+                    runs.add(record, body, length)
+                    continue
             runs.flush()
-        except ProtocolError:
-            self._go_away(GoAwayCode.PROTOCOL_ERROR)
-            self.closed = True
-            raise
-        return events
+            self._on_frame(type_, flags, stream_id, length, body, runs.events)
 
-    def _unfinished_input(self) -> tuple[int, str] | None:
-        pending = self._decoder.pending
-        if not pending:
-            return None
+    def _failed(self, exc: ProtocolError) -> ProtocolError:
+        self._go_away(GoAwayCode.PROTOCOL_ERROR)
+        return exc
+
+    def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
-        return pending, "frame" + (f" on stream {where}" if where is not None else "")
+        return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"
 
     def _on_frame(
         self, type_: int, flags: int, stream_id: int, length: int, body: BytesLike, events: list[Event]
@@ -167,7 +183,7 @@ class YamuxEngine(Engine):
         # Data or WindowUpdate: a stream frame.
         if stream_id == 0:
             raise self._error(f"{Type(type_).name} frame for stream 0 (the session)")
-        record = self._by_id.get(stream_id)
+        record = self._by_wire.get(stream_id)
         if flags & Flag.SYN:
             if record is not None:
                 raise self._error(f"SYN for stream {stream_id}, which is already open")
@@ -178,15 +194,14 @@ class YamuxEngine(Engine):
             # on (hashicorp's own OpenStream does not check its GoAway, so a real peer may
             # still send one).
             if self.local_goaway or self.remote_goaway is not None:
-                self._send_flags(record, Flag.RST)
-                self._forget(record)
+                self.reject_channel(record.handle)
                 return
             events.append(ChannelOpened(record.handle, record.name))
         if record is None:
             return  # unknown or closed stream: dropped (hashicorp logs and discards)
         handle = record.handle
-        if flags & Flag.ACK and record.local_origin and not record.extra.get("acked"):
-            record.extra["acked"] = True
+        if flags & Flag.ACK and record.local_origin and not record.acked:
+            record.acked = True
             events.append(ChannelAccepted(handle))
         if type_ == Type.WINDOW_UPDATE:
             if length:
@@ -200,21 +215,16 @@ class YamuxEngine(Engine):
                 if was_blocked:
                     events.append(CreditAvailable(handle))
         elif length:
-            if record.remote_end:
-                raise self._error(f"data for stream {stream_id} after its FIN")
+            self._step(record, Input.RECV_DATA)  # (refused after the peer's FIN)
             if record.recv is not None and not record.recv.received(length):
                 raise self._overrun(record, length)
             events.append(DataReceived(handle, body, length))
         if flags & Flag.RST:
-            self._forget(record)
+            self._step(record, Input.RECV_RESET)
             events.append(ChannelReset(handle, None))
             return
-        if flags & Flag.FIN and not record.remote_end:
-            record.remote_end = True
-            events.append(ChannelEnded(handle))
-            if record.local_end:
-                self._forget(record)
-                events.append(ChannelClosed(handle))
+        if flags & Flag.FIN:
+            self._recv_end(record, events)
 
     def _on_ping(self, flags: int, opaque: int, events: list[Event]) -> None:
         if flags & Flag.SYN:
@@ -225,15 +235,6 @@ class YamuxEngine(Engine):
                 raise self._error(f"ping ACK with opaque value {opaque}, which we never sent")
             self.rtt = max(0.0, self.now - sent)
             events.append(PingAcked(opaque))
-
-    def _overrun(self, record: ChannelRecord, n: int) -> FlowControlError:
-        assert record.recv is not None
-        self.closed = True
-        return FlowControlError(
-            self.format,
-            f"{record.describe()} overran its receive window: {record.recv.outstanding} + {n} bytes > "
-            f"window {record.recv.window}",
-        )
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -251,23 +252,16 @@ class YamuxEngine(Engine):
             raise RuntimeError(f"{self.format}: stream ids are exhausted (ids are 32-bit)")
         self._next_id += 2
         record = self._new_record(stream_id, local=True, name=name)
-        record.accepted = True
         self._send_flags(record, Flag.SYN)
         return record.handle
 
-    def accept_channel(self, channel: int) -> None:
-        """Accept an incoming stream (WindowUpdate with ACK)."""
-        record = self._record(channel)
-        if record.local_origin or record.accepted:
-            raise RuntimeError(f"{self.format}: {record.describe()} is not a pending incoming stream")
-        record.accepted = True
+    def _on_accept(self, record: YamuxRecord) -> None:
+        """Accepting an incoming stream: WindowUpdate with ACK."""
         self._send_flags(record, Flag.ACK)
 
-    def reject_channel(self, channel: int) -> None:
-        """Refuse an incoming stream (RST)."""
-        record = self._record(channel)
+    def _on_reject(self, record: YamuxRecord, previous: ChannelState) -> None:
+        """Refusing an incoming stream: RST."""
         self._send_flags(record, Flag.RST)
-        self._forget(record)
 
     def send_data(self, channel: int, data: BytesLike, *more: BytesLike) -> None:
         """Queue Data frames of at most :attr:`max_frame` bytes (views of ``data``)."""
@@ -280,44 +274,26 @@ class YamuxEngine(Engine):
                 record, data, more, total, lambda size: wire.encode_header(Type.DATA, 0, sid, size)
             )
 
-    def end_channel(self, channel: int) -> bool:
-        """Half-close (FIN on a WindowUpdate); the stream is gone once the peer's FIN came."""
-        record = self._record(channel)
-        if record.local_end:
-            return False
-        record.local_end = True
+    def _send_end(self, record: YamuxRecord) -> None:
+        """Half-close: FIN on a WindowUpdate (the stream is gone once the peer's FIN came)."""
         self._send_flags(record, Flag.FIN)
-        if record.remote_end:
-            self._forget(record)
-            return True
-        return False
 
-    def reset_channel(self, channel: int, message: str | None = None) -> None:
-        """Reset the stream (RST; yamux carries no message)."""
-        record = self._channels.get(channel)
-        if record is not None:
-            self._send_flags(record, Flag.RST)
-            self._forget(record)
+    def _send_reset(self, record: YamuxRecord, previous: ChannelState, message: str | None) -> None:
+        """Reset: RST (yamux carries no message)."""
+        self._send_flags(record, Flag.RST)
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Return credit once half the window is consumed, growing the window when the
         reader keeps up (auto-tuning)."""
-        record = self._channels.get(channel)
-        if record is None or record.recv is None or record.remote_end:
+        due = self._credit_due(channel, n)
+        if due is None:
             return
+        record, credit = due
         recv = record.recv
-        credit = recv.consumed(n)
-        if not credit:
-            return
+        assert recv is not None
         growth = 0
-        epoch = record.extra.get("epoch")
         max_window = self.config.max_receive_window
-        if (
-            self.rtt is not None
-            and isinstance(epoch, (int, float))
-            and self.now - epoch < 4 * self.rtt
-            and recv.window < max_window
-        ):
+        if self.rtt is not None and self.now - record.epoch < 4 * self.rtt and recv.window < max_window:
             config = self.config
             granted = len(self._channels) * wire.INITIAL_WINDOW + self._grown
             growth = min(
@@ -332,7 +308,7 @@ class YamuxEngine(Engine):
                 self._grown += growth
             else:
                 growth = 0
-        record.extra["epoch"] = self.now
+        record.epoch = self.now
         due = self._credit.get(channel)
         self._credit[channel] = (record, credit + growth + (due[1] if due is not None else 0))
 
@@ -355,27 +331,22 @@ class YamuxEngine(Engine):
             self.local_goaway = True
             self._out.append(wire.encode_header(Type.GO_AWAY, 0, 0, code))
 
-    def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> ChannelRecord:
-        record = ChannelRecord(
-            handle=self._new_handle(),
-            wire_id=stream_id,
-            local_origin=local,
+    def _new_record(self, stream_id: int, *, local: bool, name: str = "") -> YamuxRecord:
+        return self._create(
+            YamuxRecord,
+            stream_id,
+            local=local,
             name=name or str(stream_id),
             send=SendCredit(wire.INITIAL_WINDOW),
             recv=ReceiveWindow(wire.INITIAL_WINDOW, wire.INITIAL_WINDOW // 2),
+            epoch=self.now,
         )
-        record.extra["epoch"] = self.now
-        self._channels[record.handle] = record
-        self._by_id[stream_id] = record
-        return record
 
-    def _send_flags(self, record: ChannelRecord, flags: int) -> None:
+    def _send_flags(self, record: YamuxRecord, flags: int) -> None:
         self._out.append(wire.encode_header(Type.WINDOW_UPDATE, flags, record.wire_id, 0))
 
-    def _forget(self, record: ChannelRecord) -> None:
-        self._channels.pop(record.handle, None)
+    def _release(self, record: YamuxRecord) -> None:
         self._credit.pop(record.handle, None)
-        self._by_id.pop(record.wire_id, None)
         if record.recv is not None and record.recv.window > wire.INITIAL_WINDOW:
             self._grown -= record.recv.window - wire.INITIAL_WINDOW
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
+from polymux.wire._buffer import INCOMPLETE as _INCOMPLETE, Incomplete
+
 
 __all__ = ["Incomplete", "encode_uvarint", "read_uvarint", "uvarint_size"]
-
-
-class Incomplete(Exception):
-    """More bytes are needed to finish the varint."""
-
-
-_INCOMPLETE = Incomplete()
 
 
 def encode_uvarint(n: int) -> bytes:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
-from polymux.wire._varint import Incomplete, encode_uvarint, read_uvarint
+from polymux.wire._buffer import FrameBuffer, Incomplete
+from polymux.wire._varint import encode_uvarint, read_uvarint
 
 
 __all__ = [
@@ -86,49 +87,26 @@ class Decoder:
     def __init__(self, max_message_size: int = MAX_MESSAGE_SIZE, fmt: str = "mplex") -> None:
         self.max_message_size = max_message_size
         self.format = fmt
-        self._partial = bytearray()
-        self._waiting_for = 0  # size of the incomplete frame, once its header is known
+        self._buffer = FrameBuffer(MAX_HEADER_VARINT + _MAX_LENGTH_VARINT)
 
     @property
     def pending(self) -> int:
         """Bytes of an incomplete frame held back."""
-        return len(self._partial)
+        return self._buffer.pending
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Decode every complete frame."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
-        if self._partial:
-            have = len(self._partial)
-            if self._waiting_for and have + len(data) < self._waiting_for:
-                self._partial += data  # still short of the frame whose size we know
-                return out
-            probe = bytes(self._partial[: 2 * MAX_HEADER_VARINT]) + data[: 2 * MAX_HEADER_VARINT]
-            try:
-                header_len, body_len, stream_id, flag = self._header(probe, 0, len(probe))
-            except Incomplete as incomplete:
-                # A shared instance: drop its traceback, or every raise appends to it and keeps
-                # the frames (and the buffers they hold) alive forever.
-                incomplete.__traceback__ = None
-                self._partial += data
-                return out
-            total = header_len + body_len
-            if have + len(data) < total:
-                self._partial += data
-                self._waiting_for = total
-                return out
-            self._waiting_for = 0
-            whole = bytes(self._partial) + data[: total - have]
-            self._partial.clear()
-            out.append(Frame(stream_id, flag, memoryview(whole)[header_len:]))
-            pos = total - have
+        buffer = self._buffer
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._whole_frame(whole)]
         mv = memoryview(data)
         end = len(data)
         header = self._header
         append = out.append
         limit = self.max_message_size
+        need = 0  # the size of the frame the loop stops inside, when known
         while pos < end:
             # Fast path: one-byte header and a length of one or two bytes (ids < 16,
             # bodies < 16 KiB) covers nearly every frame of a bulk transfer.
@@ -138,6 +116,7 @@ class Decoder:
                 if b1 < 0x80 and b1 <= limit:
                     stop = pos + 2 + b1
                     if stop > end:
+                        need = stop - pos
                         break
                     append(Frame(h >> 3, h & 7, mv[pos + 2 : stop]))
                     pos = stop
@@ -148,6 +127,7 @@ class Decoder:
                     if length <= limit:
                         stop = pos + 3 + length
                         if stop > end:
+                            need = stop - pos
                             break
                         append(Frame(h >> 3, h & 7, mv[pos + 3 : stop]))
                         pos = stop
@@ -158,6 +138,7 @@ class Decoder:
                     if length <= limit:
                         stop = pos + 4 + length
                         if stop > end:
+                            need = stop - pos
                             break
                         append(Frame(h >> 3, h & 7, mv[pos + 4 : stop]))
                         pos = stop
@@ -165,18 +146,25 @@ class Decoder:
             try:
                 header_len, body_len, stream_id, flag = header(data, pos, end)
             except Incomplete as incomplete:
-                # A shared instance: drop its traceback, or every raise appends to it and keeps
-                # the frames (and the buffers they hold) alive forever.
-                incomplete.__traceback__ = None
+                incomplete.__traceback__ = None  # a shared instance: see wire._buffer
                 break
             stop = pos + header_len + body_len
             if stop > end:
+                need = stop - pos
                 break
             append(Frame(stream_id, flag, mv[pos + header_len : stop]))
             pos = stop
         if pos < end:
-            self._partial += mv[pos:]
+            buffer.hold(mv[pos:], need)
         return out
+
+    def _frame_size(self, head: bytes) -> int:
+        header_len, body_len, _stream_id, _flag = self._header(head, 0, len(head))
+        return header_len + body_len
+
+    def _whole_frame(self, frame: bytes) -> Frame:
+        header_len, _body_len, stream_id, flag = self._header(frame, 0, len(frame))
+        return Frame(stream_id, flag, memoryview(frame)[header_len:])
 
     def _header(self, buf: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
         """Return ``(header length, body length, stream id, flag)``."""

@@ -27,6 +27,7 @@ import msgpack
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
+from polymux.wire._buffer import INCOMPLETE as _INCOMPLETE, FrameBuffer, Incomplete
 
 
 __all__ = [
@@ -306,11 +307,6 @@ def decode_termination(version: int, payload: BytesLike) -> str | None:
 # -- decoding ------------------------------------------------------------------------------
 
 
-class _Incomplete(Exception):
-    """More bytes are needed before the header can be parsed."""
-
-
-_INCOMPLETE = _Incomplete()
 # Longest possible v2/v3 envelope header: array16 (3) + code, id, source (up to 9 each:
 # any msgpack integer width is legal) + bin32 header (5).
 _MAX_HEADER = 3 + 9 + 9 + 9 + 5
@@ -360,8 +356,7 @@ class Decoder:
         self.version = version
         self.format = format_name(version)
         self._need_handshake = handshake and version != 3
-        self._partial = bytearray()
-        self._waiting_for = 0  # size of the incomplete frame, once its header is known
+        self._buffer = FrameBuffer(_MAX_HEADER)
         # First byte of a frame with every element present (the fast path's shape).
         self._content_marker = 0x94 if version == 3 else 0x93
 
@@ -369,36 +364,15 @@ class Decoder:
         """Decode as much of ``data`` (plus earlier leftovers) as forms complete frames."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame | Handshake] = []
-        pos = 0
-        if self._partial or self._need_handshake:
-            # The first item straddles feeds (or is the handshake): complete it by
-            # copying just the bytes it needs, then parse the rest in place.
-            have = len(self._partial)
-            if self._waiting_for and have + len(data) < self._waiting_for:
-                self._partial += data  # still short of the frame whose size we know
-                return out
-            probe = memoryview(bytes(self._partial[:_MAX_HEADER]) + data[:_MAX_HEADER])
-            try:
-                total = self._frame_length(probe, 0, len(probe))
-            except _Incomplete as incomplete:
-                # A shared instance: drop its traceback, or every raise appends to it and keeps
-                # the frames (and the buffers they hold) alive forever.
-                incomplete.__traceback__ = None
-                self._partial += data
-                self._check_partial()
-                return out
-            if have + len(data) < total:
-                self._partial += data
-                self._waiting_for = total
-                return out
-            self._waiting_for = 0
-            if total < have:  # cannot happen with a correct _MAX_HEADER; never slice backwards
-                raise ProtocolError(self.format, f"frame length {total} is shorter than its header")
-            whole = memoryview(bytes(self._partial) + data[: total - have])
-            self._partial.clear()
-            out.append(self._parse(whole, 0, total))
-            pos = total - have
+        # The first item straddles feeds (or is the handshake): complete it, then parse the
+        # rest in place. (A handshake is decided within its first 22 bytes: none piles up.)
+        buffer = self._buffer
+        whole, pos = (
+            buffer.resume(data, self._frame_size) if buffer.held or self._need_handshake else (None, 0)
+        )
+        out: list[Frame | Handshake] = (
+            [] if whole is None else [self._parse(memoryview(whole), 0, len(whole))]
+        )
         mv = memoryview(data)
         end = len(data)
         header = self._header
@@ -412,6 +386,7 @@ class Decoder:
         # Inlined here for the header every bulk frame of a real peer has (v2/v3: a full
         # fixarray of fixints with a bin16 payload); anything else goes through _header.
         unpack_v1 = _V1_HEADER.unpack_from
+        need = 0  # the size of the frame the loop stops inside, when known
         while pos < end:
             if v1:
                 if end - pos < 7:
@@ -420,6 +395,7 @@ class Decoder:
                 stop = pos + 7 + length
                 if length <= MAX_PAYLOAD and cid >= 0:
                     if stop > end:
+                        need = stop - pos
                         break
                     append(Frame(code, cid, mv[pos + 7 : stop]))
                     pos = stop
@@ -461,30 +437,26 @@ class Decoder:
                         continue
             try:
                 code, cid, source, header_len, payload_len = header(mv, pos, end)
-            except _Incomplete as incomplete:
-                # A shared instance: drop its traceback, or every raise appends to it and keeps
-                # the frames (and the buffers they hold) alive forever.
-                incomplete.__traceback__ = None
+            except Incomplete as incomplete:
+                incomplete.__traceback__ = None  # a shared instance: see wire._buffer
                 break
             stop = pos + header_len + payload_len
             if stop > end:
+                need = stop - pos
                 break
             append(Frame(code, cid, mv[pos + header_len : stop], source))
             pos = stop
         if pos < end:
-            self._partial += mv[pos:]
-            self._check_partial()
+            buffer.hold(mv[pos:], need)
         return out
 
     @property
     def pending(self) -> int:
         """Bytes of an incomplete frame (or handshake) held back."""
-        return len(self._partial)
+        return self._buffer.pending
 
-    def _check_partial(self) -> None:
-        # A header is never longer than this; anything else is parsed or rejected by now.
-        if self._need_handshake and len(self._partial) > 64:
-            raise ProtocolError(self.format, "handshake is malformed or too long")
+    def _frame_size(self, head: bytes) -> int:
+        return self._frame_length(memoryview(head), 0, len(head))
 
     # The methods below look at one frame starting at ``pos``.
 

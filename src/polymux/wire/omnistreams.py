@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
+from polymux.wire._buffer import INCOMPLETE, FrameBuffer
 
 
 __all__ = [
@@ -202,18 +203,18 @@ class LengthPrefixDecoder:
     above ``max_size`` raises :class:`ProtocolError`, so memory stays bounded.
     """
 
-    __slots__ = ("_buf", "max_size")
+    __slots__ = ("_buffer", "max_size")
 
     def __init__(self, max_size: int = MAX_MESSAGE_SIZE) -> None:
         if max_size <= 0:
             raise ValueError(f"max_size must be positive, got {max_size}")
         self.max_size = max_size
-        self._buf = bytearray()
+        self._buffer = FrameBuffer(LENGTH_PREFIX)
 
     @property
     def pending(self) -> int:
         """Bytes held back waiting for the rest of a message."""
-        return len(self._buf)
+        return self._buffer.pending
 
     def _check(self, size: int) -> None:
         if size == 0 or size > self.max_size:
@@ -224,29 +225,30 @@ class LengthPrefixDecoder:
             )
             raise ProtocolError("omnistreams", f"length prefix {what}")
 
+    def _message_size(self, head: bytes) -> int:
+        if len(head) < LENGTH_PREFIX:
+            raise INCOMPLETE
+        (size,) = _LENGTH.unpack_from(head)
+        self._check(size)
+        return LENGTH_PREFIX + int(size)
+
     def feed(self, data: BytesLike) -> list[BytesLike]:
         """Return the whole messages completed by ``data``."""
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) >= LENGTH_PREFIX and len(buf) < LENGTH_PREFIX + _LENGTH.unpack_from(buf)[0]:
-                self._check(_LENGTH.unpack_from(buf)[0])
-                return []  # still inside one message: no copy until it is complete
-            view = memoryview(bytes(buf))
-            buf.clear()
-        else:
-            view = memoryview(data)
-        out: list[BytesLike] = []
-        pos = 0
+        buffer = self._buffer
+        whole, pos = buffer.resume(data, self._message_size) if buffer.held else (None, 0)
+        out: list[BytesLike] = [] if whole is None else [memoryview(whole)[LENGTH_PREFIX:]]
+        view = memoryview(data)
         end = len(view)
+        need = 0  # the size of the message the loop stops inside, when known
         while end - pos >= LENGTH_PREFIX:
             (size,) = _LENGTH.unpack_from(view, pos)
             self._check(size)
             stop = pos + LENGTH_PREFIX + size
             if stop > end:
+                need = stop - pos
                 break
             out.append(view[pos + LENGTH_PREFIX : stop])
             pos = stop
         if pos < end:
-            buf += view[pos:]
+            buffer.hold(view[pos:], need)
         return out

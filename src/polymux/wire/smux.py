@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
+from polymux.wire._buffer import INCOMPLETE, FrameBuffer
 
 
 __all__ = [
@@ -135,69 +136,54 @@ class Decoder:
             raise ValueError(f"smux protocol version must be 1 or 2, got {version!r}")
         self.version = version
         self.format = fmt
-        self._partial = bytearray()
-        self._need = 0  # size of the held-back frame once its header is in (0: not yet)
+        self._buffer = FrameBuffer(HEADER_SIZE)
 
     @property
     def pending(self) -> int:
         """Bytes of an incomplete frame held back."""
-        return len(self._partial)
+        return self._buffer.pending
 
     def partial_stream(self) -> int | None:
         """The stream id of the incomplete frame held back, once its header is in."""
-        if len(self._partial) < HEADER_SIZE:
-            return None
-        return int(HEADER.unpack_from(self._partial, 0)[3])
+        head = self._buffer.head(HEADER_SIZE)
+        return None if head is None else int(HEADER.unpack(head)[3])
 
     def feed(self, data: BytesLike) -> list[Frame]:
         """Decode every complete frame in the bytes received so far."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
+        buffer = self._buffer
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._frame(memoryview(whole), 0)]
         end = len(data)
-        if self._partial:
-            partial = self._partial
-            if not self._need:  # the header is still incomplete
-                take = HEADER_SIZE - len(partial)
-                if end < take:
-                    partial += data
-                    return out
-                partial += data[:take]
-                pos = take
-                self._need = HEADER_SIZE + self._body_length(partial, 0)
-            take = self._need - len(partial)
-            if end - pos < take:
-                partial += data[pos:]
-                return out
-            partial += data[pos : pos + take]
-            pos += take
-            whole = bytes(partial)
-            partial.clear()
-            self._need = 0
-            out.append(self._frame(memoryview(whole), 0))
         mv = memoryview(data)
         unpack = HEADER.unpack_from
         version = self.version
+        need = 0  # the size of the frame the loop stops inside, when known
         while end - pos >= HEADER_SIZE:
             ver, cmd, length, stream_id = unpack(data, pos)
             if cmd == _PSH and ver == version:  # the fast path: data
                 stop = pos + HEADER_SIZE + length
                 if stop > end:
-                    self._need = stop - pos
+                    need = stop - pos
                     break
                 out.append(Frame(_PSH, stream_id, mv[pos + HEADER_SIZE : stop]))
                 pos = stop
                 continue
             size = HEADER_SIZE + self._body_length(data, pos)
             if pos + size > end:
-                self._need = size
+                need = size
                 break
             out.append(self._frame(mv, pos))
             pos += size
         if pos < end:
-            self._partial += mv[pos:]
+            buffer.hold(mv[pos:], need)
         return out
+
+    def _frame_size(self, head: bytes) -> int:
+        if len(head) < HEADER_SIZE:
+            raise INCOMPLETE
+        return HEADER_SIZE + self._body_length(head, 0)
 
     def _body_length(self, buf: BytesLike, pos: int) -> int:
         """Validate the header at ``pos``; return how many body bytes follow it."""

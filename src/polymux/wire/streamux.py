@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
+from polymux.wire._buffer import INCOMPLETE, FrameBuffer
 
 
 __all__ = [
@@ -259,8 +260,7 @@ class Decoder:
         self._size = n.header_size
         self._length_mask = (1 << n.length_bits) - 1
         self._limit = 1 << (n.id_bits + n.length_bits + 2)
-        self._partial = bytearray()
-        self._waiting_for = 0
+        self._buffer = FrameBuffer(self._size)
         # stream_bodies: a chunk's body is delivered as it arrives, as non-terminated
         # pieces (never empty) and a last piece with the chunk's own flags, so memory
         # does not grow with the negotiated chunk length (up to 1 GiB at 30 bits).
@@ -273,7 +273,7 @@ class Decoder:
     def pending(self) -> int:
         """Bytes of an incomplete chunk held back (with ``stream_bodies``: plus the body
         bytes still expected of the chunk being streamed)."""
-        return self._got if self._current is not None else len(self._partial)
+        return self._got if self._current is not None else self._buffer.pending
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Chunk]:
         """Decode every complete chunk (with ``stream_bodies``, also the pieces of
@@ -310,56 +310,34 @@ class Decoder:
             size = self._size
             rest = self._feed(mv[pos:]) if pos < end else []
             out += rest
-            partial = self._partial
-            if len(partial) < size:
+            buffer = self._buffer
+            if buffer.pending < size:
                 return out
             # A chunk whose header is in: deliver what arrived of its body, stream the rest.
+            partial = buffer.take()
             value = int.from_bytes(partial[:size], "little")
             lbits = self.negotiated.length_bits
             length = value >> 2 & self._length_mask
             have = len(partial) - size
             current = (value >> (2 + lbits), bool(value & 2), bool(value & 1))
             if have:
-                out.append(Chunk(current[0], current[1], False, bytes(partial[size:])))
+                out.append(Chunk(current[0], current[1], False, partial[size:]))
             self._current = current
             self._left = length - have
             self._got = size + have
-            self._partial = bytearray()
-            self._waiting_for = 0
             return out
 
     def _feed(self, data: bytes | memoryview) -> list[Chunk]:
-        out: list[Chunk] = []
         size = self._size
         lbits = self.negotiated.length_bits
         mask = self._length_mask
         limit = self._limit
-        pos = 0
-        if self._partial:
-            # Complete the chunk that straddles reads, copying only what it needs.
-            have = len(self._partial)
-            if self._waiting_for and have + len(data) < self._waiting_for:
-                self._partial += data
-                return out
-            if have + len(data) < size:
-                self._partial += data
-                return out
-            head = bytes(self._partial[:size]) + data[: max(0, size - have)]
-            total = size + (self._check(int.from_bytes(head[:size], "little")) >> 2 & mask)
-            if have + len(data) < total:
-                self._partial += data
-                self._waiting_for = total
-                return out
-            self._waiting_for = 0
-            whole = bytes(self._partial) + data[: total - have]
-            self._partial.clear()
-            value = int.from_bytes(whole[:size], "little")
-            out.append(
-                Chunk(value >> (2 + lbits), bool(value & 2), bool(value & 1), memoryview(whole)[size:])
-            )
-            pos = total - have
+        buffer = self._buffer
+        whole, pos = buffer.resume(data, self._chunk_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._whole_chunk(whole)]
         mv = memoryview(data)
         end = len(data)
+        need = 0  # the size of the chunk the loop stops inside, when known
         while end - pos >= size:
             value = int.from_bytes(data[pos : pos + size], "little")
             if value >= limit:
@@ -367,12 +345,29 @@ class Decoder:
             length = value >> 2 & mask
             stop = pos + size + length
             if stop > end:
+                need = size + length
                 break
             out.append(Chunk(value >> (2 + lbits), bool(value & 2), bool(value & 1), mv[pos + size : stop]))
             pos = stop
         if pos < end:
-            self._partial += mv[pos:]
+            buffer.hold(mv[pos:], need)
         return out
+
+    def _whole_chunk(self, chunk: bytes) -> Chunk:
+        size = self._size
+        value = int.from_bytes(chunk[:size], "little")
+        return Chunk(
+            value >> (2 + self.negotiated.length_bits),
+            bool(value & 2),
+            bool(value & 1),
+            memoryview(chunk)[size:],
+        )
+
+    def _chunk_size(self, head: bytes) -> int:
+        size = self._size
+        if len(head) < size:
+            raise INCOMPLETE
+        return size + (self._check(int.from_bytes(head[:size], "little")) >> 2 & self._length_mask)
 
     def _check(self, value: int) -> int:
         """Raise if a header sets bits beyond the negotiated widths; return it."""

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
+from polymux.wire._buffer import INCOMPLETE, FrameBuffer
 
 
 __all__ = [
@@ -101,66 +102,54 @@ class Decoder:
     def __init__(self, max_data: int, fmt: str = "yamux") -> None:
         self.max_data = max_data
         self.format = fmt
-        self._partial = bytearray()
-        self._waiting_for = 0
+        self._buffer = FrameBuffer(HEADER.size)
 
     @property
     def pending(self) -> int:
         """Bytes of an incomplete frame held back."""
-        return len(self._partial)
+        return self._buffer.pending
 
     def partial_stream(self) -> int | None:
         """The stream id of the incomplete frame held back, once its header is in."""
-        if len(self._partial) < 12:
-            return None
-        return int(HEADER.unpack_from(self._partial, 0)[3])
+        head = self._buffer.head(HEADER.size)
+        return None if head is None else int(HEADER.unpack(head)[3])
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Decode every complete frame."""
         if not isinstance(data, bytes):
             data = bytes(data)
-        out: list[Frame] = []
-        pos = 0
-        if self._partial:
-            have = len(self._partial)
-            if self._waiting_for and have + len(data) < self._waiting_for:
-                self._partial += data
-                return out
-            if have < 12 and have + len(data) < 12:
-                self._partial += data
-                return out
-            head = bytes(self._partial[:12]) + data[: max(0, 12 - have)]
-            total = 12 + self._data_length(head, 0)
-            if have + len(data) < total:
-                self._partial += data
-                self._waiting_for = total
-                return out
-            self._waiting_for = 0
-            whole = bytes(self._partial) + data[: total - have]
-            self._partial.clear()
-            out.append(self._frame(memoryview(whole), 0, total))
-            pos = total - have
+        buffer = self._buffer
+        whole, pos = buffer.resume(data, self._frame_size) if buffer.held else (None, 0)
+        out = [] if whole is None else [self._frame(memoryview(whole), 0, len(whole))]
         mv = memoryview(data)
         end = len(data)
         unpack = HEADER.unpack_from
         max_data = self.max_data
+        need = 0  # the size of the frame the loop stops inside, when known
         while end - pos >= 12:
             version, type_, flags, stream_id, length = unpack(data, pos)
             if type_ == 0 and version == 0 and length <= max_data:
                 stop = pos + 12 + length
                 if stop > end:
+                    need = 12 + length
                     break
                 out.append(Frame(0, flags, stream_id, length, mv[pos + 12 : stop]))
                 pos = stop
                 continue
             total = 12 + self._data_length(data, pos)
             if pos + total > end:
+                need = total
                 break
             out.append(self._frame(mv, pos, pos + total))
             pos += total
         if pos < end:
-            self._partial += mv[pos:]
+            buffer.hold(mv[pos:], need)
         return out
+
+    def _frame_size(self, head: bytes) -> int:
+        if len(head) < 12:
+            raise INCOMPLETE
+        return 12 + self._data_length(head, 0)
 
     def _data_length(self, buf: bytes, pos: int) -> int:
         """Validate the header at ``pos``; return how many body bytes follow it."""

@@ -1,0 +1,103 @@
+"""The split-frame buffer every incremental decoder of :mod:`polymux.wire` shares.
+
+A read from a byte stream ends anywhere, most often inside a frame. A decoder parses the
+whole frames of a read in place (their bodies are views of it, no copy) and hands the rest
+to its :class:`FrameBuffer`. On the next read, :meth:`FrameBuffer.complete` finishes that
+one frame by copying just the bytes it still needs, and the decoder goes on parsing in
+place after them. So a decoder holds at most one incomplete frame, and only a frame that
+straddles two reads is ever copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from polymux._types import BytesLike
+
+
+__all__ = ["INCOMPLETE", "FrameBuffer", "Incomplete"]
+
+
+class Incomplete(Exception):
+    """A header parser reached the end of its bytes: it needs more."""
+
+
+INCOMPLETE = Incomplete()
+"""The one instance header parsers raise (no allocation per split frame). It is shared, so
+whoever catches it must drop its ``__traceback__``: every raise appends to it, and the
+chain would keep the frames (and the buffers they hold) alive forever."""
+
+
+class FrameBuffer:
+    """Holds the start of the frame a read cut off, and completes it on the next read.
+
+    Args:
+        probe: bytes enough to read the longest header of the format (the size of a frame
+            is known once that many bytes are in, or the frame's end is).
+    """
+
+    __slots__ = ("_need", "_probe", "held")
+
+    def __init__(self, probe: int) -> None:
+        self.held = bytearray()
+        """The start of the frame held back (read-only: a decoder tests it before each feed,
+        an attribute because that is cheaper than a property on the hot path)."""
+        self._need = 0  # the held frame's whole size once its header is in (0: not yet)
+        self._probe = probe
+
+    @property
+    def pending(self) -> int:
+        """Bytes held back (the start of one frame)."""
+        return len(self.held)
+
+    def head(self, n: int) -> bytes | None:
+        """The first ``n`` held bytes (a header), or None while fewer are held."""
+        return bytes(self.held[:n]) if len(self.held) >= n else None
+
+    def hold(self, rest: BytesLike, need: int = 0) -> None:
+        """Keep ``rest``: the start of a frame of ``need`` bytes in all (0: not known yet)."""
+        self.held += rest
+        self._need = need
+
+    def take(self) -> bytes:
+        """Return everything held, and hold nothing more."""
+        held = bytes(self.held)
+        self.held.clear()
+        self._need = 0
+        return held
+
+    def resume(self, data: BytesLike, frame_size: Callable[[bytes], int]) -> tuple[bytes | None, int]:
+        """Complete the held frame with the start of ``data`` (a decoder calls this when it
+        holds something, or when its first item is special: a handshake).
+
+        ``frame_size(probe)`` reads a header at the start of ``probe`` and returns the size
+        of its whole frame (header included), raises :data:`INCOMPLETE` when ``probe`` is
+        too short to tell, or raises the format's ``ProtocolError`` for a bad header.
+
+        Returns ``(frame, pos)``: the frame, now whole (a copy), and where parsing goes on
+        in ``data``; or ``(None, len(data))`` when ``data`` did not finish it (it is all
+        held: parsing ``data`` from ``pos`` finds nothing more).
+        """
+        held = self.held
+        have = len(held)
+        need = self._need
+        if not need:
+            probe = self._probe
+            try:
+                need = frame_size(bytes(held[:probe]) + data[:probe])
+            except Incomplete as incomplete:
+                incomplete.__traceback__ = None  # shared: see INCOMPLETE
+                held += data
+                return None, len(data)
+        # Held bytes are always a frame's incomplete start, and the probe covers any header,
+        # so the frame is longer than what is held: ``used`` is positive.
+        used = need - have
+        if used > len(data):
+            held += data
+            self._need = need
+            return None, len(data)
+        held += data[:used]
+        frame = bytes(held)
+        held.clear()
+        self._need = 0
+        return frame, used
