@@ -646,24 +646,27 @@ class _SessionFiles:
             self._fail(exc)
 
     def write_records(self, records: list[FrameRecord], payloads: list[bytes | None]) -> None:
-        """Records mode: append a batch of frame records, rotating by their size."""
+        """Records mode: append a batch of frame records, rotating by their size (a batch
+        may be split between files)."""
         if self.failed or not records:
             return
         try:
             table = _records_table(records, payloads)
-            if (
-                self.frames_writer is not None
-                and self.size
-                and self.size + table.nbytes > self.recorder.rotate_bytes
-            ):
-                self._close_files()
-                self.seq += 1
-                self.size = 0
-            if self.frames_writer is None:
-                self._open_frames()
-            assert self.frames_writer is not None
-            self.frames_writer.write_table(table)
-            self.size += table.nbytes
+            per_row = max(1, table.nbytes // table.num_rows)
+            limit = self.recorder.rotate_bytes
+            while table.num_rows:
+                if self.frames_writer is not None and self.size + per_row > limit:
+                    self._close_files()
+                    self.seq += 1
+                    self.size = 0
+                if self.frames_writer is None:
+                    self._open_frames()
+                assert self.frames_writer is not None
+                fit = max(1, (limit - self.size) // per_row)
+                piece = table.slice(0, fit)
+                self.frames_writer.write_table(piece)
+                self.size += piece.num_rows * per_row
+                table = table.slice(piece.num_rows)
         except _write_errors() as exc:
             self._fail(exc)
 
