@@ -13,13 +13,14 @@ Two modes (``docs/tracing.md`` has the versioned file formats):
   ends (or a file is full, with ``convert="rotate"``) a converter thread turns each file
   into the Parquet capture ``<session>.<seq:04d>.pmcap.parquet`` (Arrow over the mapped
   file, no copy until Parquet's own) and removes the raw pair: off the session's hot path.
-* ``mode="records"`` keeps frame records only: the session's bytes are walked on the
-  event loop as they pass (:meth:`~polymux.tracing.FrameDecoder.feed_parts`: headers
-  only, no payload is copied; at most ``payload_prefix`` bytes of each payload are kept)
-  and the records go to the writer thread in batches, into
-  ``<session>.<seq:04d>.pmframes.parquet``, the same frames file ``frames=True`` writes
-  beside a full capture. Those are already the frames a decode gives: ``polymux decode``
-  lists them and the pipeline ingests them without decoding.
+* ``mode="records"`` keeps frame records only. The event loop does what it does in full
+  mode; the writer thread walks the batches' frames
+  (:meth:`~polymux.tracing.FrameDecoder.feed_parts`: headers only, no payload is copied;
+  at most ``payload_prefix`` bytes of each payload are kept, the views are then let go)
+  and writes the records into ``<session>.<seq:04d>.pmframes.parquet``, the same frames
+  file ``frames=True`` writes beside a full capture. Those are already the frames a
+  decode gives: ``polymux decode`` lists them and the pipeline ingests them without
+  decoding. A walk is per frame, in Python: its cost grows with frames, not bytes.
 """
 
 from __future__ import annotations
@@ -102,7 +103,6 @@ MODES = ("full", "records")
 
 _INDEX_MAGIC = b"PMIDX1\n"
 _INDEX_ROW = struct.Struct("<qq")  # time_ns, length << 1 | (1 if s2c)
-_RECORD_BATCH = 16384  # records a session walks before handing them to the writer thread
 _MAX_CHUNK_BYTES = 1 << 30  # data bytes per Arrow chunk (offsets are 32-bit)
 
 
@@ -527,6 +527,24 @@ def read_frames_bytes(data: BytesLike, *, name: str = "frames") -> Frames:
 # -- recording -----------------------------------------------------------------------------
 
 
+def _walk_rows(decoder: FrameDecoder, rows: list[_Row]) -> list[FrameRecord]:
+    """The frame records of a batch of chunks, walked in the writer thread. The GIL is
+    let go every few hundred records: a walk is pure Python, and the event loop's thread,
+    waking for I/O meanwhile, would otherwise wait up to ``sys.getswitchinterval()``."""
+    records: list[FrameRecord] = []
+    feed = decoder.feed_parts
+    due = _YIELD_RECORDS
+    for t, direction, data in rows:
+        records += feed(t, direction, data if type(data) is tuple else (data,))  # type: ignore[arg-type]
+        if len(records) >= due:
+            time.sleep(0)  # let the event loop's thread have the GIL if it waits for it
+            due = len(records) + _YIELD_RECORDS
+    return records
+
+
+_YIELD_RECORDS = 256
+
+
 class _SessionFiles:
     """The writer thread's state for one session: open files, sizes, live decoder."""
 
@@ -544,7 +562,7 @@ class _SessionFiles:
         self.failed = False
         self.paths: list[Path] = []  # guarded by the recorder's lock
         self.unconverted: list[Path] = []  # whole raw files waiting for the session's end
-        if recorder.mode == "full" and recorder.frames:
+        if recorder.frames:
             from polymux.tracing.decode import FrameDecoder
 
             try:
@@ -610,40 +628,45 @@ class _SessionFiles:
             self.raw_path = None
 
     def write(self, rows: list[_Row], size: int) -> None:
-        """Full mode: append a batch of chunks to the raw file and its index (and decode
-        them into frame records with ``frames=True``)."""
+        """A batch of chunks: full mode appends them to the raw file and its index; with
+        frame records (records mode, ``frames=True``) they are walked into records."""
         if self.failed:
             return
         try:
-            if self.raw_fd is not None and self.size and self.size + size > self.recorder.rotate_bytes:
-                self._close_files()
-                self.seq += 1
-            if self.raw_fd is None:
-                self._open_raw()
-            assert self.raw_fd is not None and self.index_fd is not None
-            parts: list[BytesLike] = []
-            index = bytearray()
-            pack = _INDEX_ROW.pack
-            for t, direction, data in rows:
-                if type(data) is tuple:
-                    parts += data
-                    n = sum(len(p) for p in data)
-                else:
-                    parts.append(data)  # type: ignore[arg-type]
-                    n = len(data)
-                index += pack(t, n << 1 | (direction == S2C))
-            _write_all(self.raw_fd, parts)  # the data first: an index row never runs ahead
-            _write_all(self.index_fd, [index])
-            self.size += size
+            if self.recorder.mode == "full":
+                self._append_raw(rows, size)
             decoder = self.decoder
             if decoder is not None:
-                records: list[FrameRecord] = []
-                for t, direction, data in rows:
-                    pieces = data if type(data) is tuple else (data,)
-                    records += decoder.feed_parts(t, direction, pieces)  # type: ignore[arg-type]
-                self._write_frames(records, decoder.take_payloads())
+                records = _walk_rows(decoder, rows)
+                payloads = decoder.take_payloads()
+                if self.recorder.mode == "records":
+                    self.write_records(records, payloads)
+                else:
+                    self._write_frames(records, payloads)
         except _write_errors() as exc:  # disk full ...: stop recording this session
             self._fail(exc)
+
+    def _append_raw(self, rows: list[_Row], size: int) -> None:
+        if self.raw_fd is not None and self.size and self.size + size > self.recorder.rotate_bytes:
+            self._close_files()
+            self.seq += 1
+        if self.raw_fd is None:
+            self._open_raw()
+        assert self.raw_fd is not None and self.index_fd is not None
+        parts: list[BytesLike] = []
+        index = bytearray()
+        pack = _INDEX_ROW.pack
+        for t, direction, data in rows:
+            if type(data) is tuple:
+                parts += data
+                n = sum(len(p) for p in data)
+            else:
+                parts.append(data)  # type: ignore[arg-type]
+                n = len(data)
+            index += pack(t, n << 1 | (direction == S2C))
+        _write_all(self.raw_fd, parts)  # the data first: an index row never runs ahead
+        _write_all(self.index_fd, [index])
+        self.size += size
 
     def write_records(self, records: list[FrameRecord], payloads: list[bytes | None]) -> None:
         """Records mode: append a batch of frame records, rotating by their size (a batch
@@ -684,6 +707,8 @@ class _SessionFiles:
             return
         try:
             if self.recorder.mode == "records":
+                assert self.decoder is not None
+                self.write_records(self.decoder.finish(), self.decoder.take_payloads())
                 if self.frames_writer is None:
                     self._open_frames()  # a session without a frame still gets its file
             else:
@@ -720,17 +745,21 @@ class _SessionFiles:
         self.raw_fd = self.index_fd = None
 
 
-class _Sink:
-    """What every session sink shares: the recorder, the session's files, the clock."""
+class _CaptureSink:
+    """On the event loop: buffer chunks (no copy), hand full batches to the writer thread
+    (which writes them, or walks them into frame records)."""
 
-    __slots__ = ("_files", "_in", "_last", "_out", "_recorder", "closed")
+    __slots__ = ("_batch_bytes", "_files", "_in", "_last", "_out", "_recorder", "_rows", "_size", "closed")
 
     def __init__(self, recorder: CaptureRecorder, files: _SessionFiles, role: str) -> None:
         self._recorder = recorder
         self._files = files
         self._out = C2S if role == "client" else S2C
         self._in = S2C if role == "client" else C2S
+        self._rows: list[_Row] = []
+        self._size = 0
         self._last = 0
+        self._batch_bytes = recorder.batch_bytes
         self.closed = False
 
     @property
@@ -742,24 +771,6 @@ class _Sink:
         t = max(time.time_ns(), self._last)  # the wall clock may step back: keep the order
         self._last = t
         return t
-
-    def flush(self) -> None:
-        """Hand what is buffered to the writer thread."""
-
-    def close(self) -> None:
-        """The connection is gone."""
-
-
-class _CaptureSink(_Sink):
-    """Full mode, on the event loop: buffer chunks (no copy), hand full batches over."""
-
-    __slots__ = ("_batch_bytes", "_rows", "_size")
-
-    def __init__(self, recorder: CaptureRecorder, files: _SessionFiles, role: str) -> None:
-        super().__init__(recorder, files, role)
-        self._rows: list[_Row] = []
-        self._size = 0
-        self._batch_bytes = recorder.batch_bytes
 
     def received(self, data: BytesLike) -> None:
         """Bytes from the peer."""
@@ -773,8 +784,8 @@ class _CaptureSink(_Sink):
     def sent(self, chunks: Sequence[BytesLike]) -> None:
         """Bytes handed to the socket (one batch, one row). Parts that are ``bytes``, or
         views of ``bytes``, are immutable and kept as they are (no copy here; the writer
-        thread writes them with one ``writev``); anything else is copied now, since its
-        owner may reuse it."""
+        thread writes them with one ``writev``, or walks them); anything else is copied
+        now, since its owner may reuse it."""
         if self.closed:
             return
         parts = []
@@ -810,68 +821,6 @@ class _CaptureSink(_Sink):
         self._recorder._submit_close(self)
 
 
-class _RecordSink(_Sink):
-    """Records mode, on the event loop: walk the frames as the bytes pass (no payload is
-    copied, nothing is kept but records), hand the records over in batches."""
-
-    __slots__ = ("_decoder", "_records")
-
-    def __init__(
-        self, recorder: CaptureRecorder, files: _SessionFiles, role: str, decoder: FrameDecoder
-    ) -> None:
-        super().__init__(recorder, files, role)
-        self._decoder = decoder
-        self._records: list[FrameRecord] = []
-
-    def _walk(self, direction: str, parts: Sequence[BytesLike]) -> None:
-        try:
-            records = self._decoder.feed_parts(self._now(), direction, parts)
-        except Exception as exc:  # noqa: BLE001 - a decoder bug must never break the session
-            self._broken(exc)
-            return
-        if records:
-            self._records += records
-            if len(self._records) >= _RECORD_BATCH:
-                self.flush()
-
-    def received(self, data: BytesLike) -> None:
-        """Bytes from the peer: walked now (views are read, not kept)."""
-        if not self.closed:
-            self._walk(self._in, (data,))
-
-    def sent(self, chunks: Sequence[BytesLike]) -> None:
-        """Bytes handed to the socket: walked now (views are read, not kept)."""
-        if not self.closed:
-            self._walk(self._out, chunks)
-
-    def flush(self) -> None:
-        """Hand the records walked so far to the writer thread."""
-        if self._records:
-            records, self._records = self._records, []
-            payloads = self._decoder.take_payloads()
-            self._recorder._submit(("records", self._files, records, payloads))
-
-    def _broken(self, exc: Exception) -> None:
-        logger.warning("polymux.tracing: recording of %s stopped: %r", self.session, exc)
-        self._recorder._errors.append(exc)
-        self._records = []
-        self.closed = True
-        self._recorder._submit_close(self)
-
-    def close(self) -> None:
-        """The connection is gone: the records of what was left unfinished, then close."""
-        if self.closed:
-            return
-        try:
-            self._records += self._decoder.finish()
-        except Exception as exc:  # noqa: BLE001 - as in _walk
-            self._broken(exc)
-            return
-        self.flush()
-        self.closed = True
-        self._recorder._submit_close(self)
-
-
 class CaptureRecorder:
     """A capture factory (``SessionConfig(capture=CaptureRecorder(directory))``): records
     every session it is given into ``directory``.
@@ -883,9 +832,9 @@ class CaptureRecorder:
     turned into Parquet by a converter thread when the session ends (``convert="close"``)
     or as soon as each is full (``convert="rotate"``). With ``frames=True`` the writer
     thread also walks the bytes into frame records, ``<session>.<seq:04d>.pmframes.parquet``.
-    ``mode="records"`` keeps those frame records only (the bytes are walked on the event
-    loop as they pass, and no payload is copied), with at most ``payload_prefix`` bytes of
-    each frame's payload: the cheap mode.
+    ``mode="records"`` keeps those frame records only (the writer thread walks the frames,
+    and no payload is copied), with at most ``payload_prefix`` bytes of each frame's
+    payload: the cheap mode, whose cost grows with frames rather than bytes.
 
     Call :meth:`flush` to wait for what was handed over to be written (and the files of
     ended sessions converted), :meth:`close` (or use it as a context manager) when done:
@@ -899,8 +848,7 @@ class CaptureRecorder:
         rotate_bytes: data bytes per capture file before rotating (records mode: Arrow
             bytes of records per frames file).
         frames: full mode: also write frame records.
-        batch_bytes: full mode: bytes a session buffers before handing a batch to the
-            writer thread. Large batches matter: the writer thread needs the GIL a few
+        batch_bytes: bytes a session buffers before handing a batch to the writer thread. Large batches matter: the writer thread needs the GIL a few
             times per batch, and a busy event loop hands it over only every
             ``sys.getswitchinterval()``.
         max_queued_bytes: bytes handed over and not yet written before the event loop
@@ -950,7 +898,7 @@ class CaptureRecorder:
         self._thread: threading.Thread | None = None
         self._converter: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._sinks: set[_Sink] = set()  # open ones
+        self._sinks: set[_CaptureSink] = set()  # open ones
         self._files: list[_SessionFiles] = []
         self._errors: list[Exception] = []
         self._closed = False
@@ -958,21 +906,16 @@ class CaptureRecorder:
         # write (a session that never filled a batch would otherwise be lost).
         _open_recorders.add(self)
 
-    def __call__(self, info: Mapping[str, str]) -> _Sink:
+    def __call__(self, info: Mapping[str, str]) -> _CaptureSink:
         """Start recording one session (the :data:`polymux.CaptureFactory` call)."""
         if self._closed:
             raise RuntimeError("CaptureRecorder is closed")
         role = info.get("role", "client")
         session = f"{time.time_ns() // 1_000_000}-{os.getpid()}-{next(_counter)}-{role}"
         files = _SessionFiles(self, {**info, "session": session, "role": role})
-        sink: _Sink
-        if self.mode == "records":
-            from polymux.tracing.decode import FrameDecoder
-
-            decoder = FrameDecoder(info["format"], session=session, payload_prefix=self.payload_prefix)
-            sink = _RecordSink(self, files, role, decoder)
-        else:
-            sink = _CaptureSink(self, files, role)
+        if self.mode == "records" and files.decoder is None:
+            raise ValueError(f"CaptureRecorder: no frame records for format {info.get('format')!r}")
+        sink = _CaptureSink(self, files, role)
         self._sinks.add(sink)
         with self._lock:
             self._files.append(files)
@@ -1007,7 +950,7 @@ class CaptureRecorder:
             self._start()
         self._queue.put(item)
 
-    def _submit_close(self, sink: _Sink) -> None:
+    def _submit_close(self, sink: _CaptureSink) -> None:
         self._sinks.discard(sink)
         self._submit(("close", sink._files))
 

@@ -1201,7 +1201,7 @@ class FrameDecoder:
         if not d.stopped and data:
             d.last_time = time_ns
             if d.hold is not None or d.frame is not None:
-                self._walk(d, data, time_ns)  # inside a walked frame: finish it first
+                self._walk(d, (data,), time_ns)  # inside a walked frame: finish it first
             else:
                 self._feed(d, bytes(data), time_ns)
                 d.fast = self._tracker.MAX_HEAD > 0 and not d.stopped and d.codec.pending == 0
@@ -1221,12 +1221,7 @@ class FrameDecoder:
             raise ValueError(f"chunk direction must be 'c2s' or 's2c', got {direction!r}")
         self._time = time_ns
         if not d.stopped:
-            for part in parts:
-                if part:
-                    d.last_time = time_ns
-                    self._walk(d, part, time_ns)
-                    if d.stopped:
-                        break
+            self._walk(d, parts, time_ns)
             if self._to_release:
                 self._release_held(time_ns)
         return self._take()
@@ -1315,105 +1310,131 @@ class FrameDecoder:
         d.boundary = consumed
         self._emit(d, items, sizes, start, time_ns)
 
-    def _walk(self, d: _Direction, part: BytesLike, time_ns: int) -> None:
-        """The live path over one part: walk the frames whose headers the tracker knows,
-        skipping data payloads; hand the codec the rest (from a frame boundary on) and
-        take over again once it holds nothing. (The hot loop of frame-record capture:
-        written for few Python calls per frame.)"""
+    def _walk(self, d: _Direction, parts: Sequence[BytesLike], time_ns: int) -> None:
+        """The live path over parts of one direction: walk the frames whose headers the
+        tracker knows, skipping data payloads; hand the codec the rest (from a frame
+        boundary on) and take over again once it holds nothing. The hot loop of
+        frame-record capture, written for few Python calls per frame: a frame whose
+        record :meth:`_Tracker.fast_record` gives costs one header parse and that call."""
         tracker = self._tracker
         head = tracker.fast_header
         fast_record = tracker.fast_record
         name = d.name
         prefix = self._prefix or 0
-        end = len(part)
-        pos = 0
-        while pos < end:
-            if d.skip:  # inside a walked frame's payload
-                take = min(end - pos, d.skip)
-                if d.keep:
-                    k = min(take, d.keep)
-                    d.kept += part[pos : pos + k]
-                    d.keep -= k
-                pos += take
-                d.fed += take
-                d.skip -= take
-                if not d.skip:
-                    size, payload_len, data, fields = d.frame  # type: ignore[misc]
-                    d.frame = None
-                    self._complete(d, time_ns, size, payload_len, data, fields, bytes(d.kept))
-                    if d.stopped:
-                        return
+        out = self._out
+        payloads = self._payloads
+        for part in parts:
+            end = len(part)
+            if not end:
                 continue
-            if not d.fast:  # the codec's turn: it holds part of a frame, or the format is its
-                rest = part[pos:] if pos else part
-                self._feed(d, rest if type(rest) is bytes else bytes(rest), time_ns)
-                d.fast = tracker.MAX_HEAD > 0 and not d.stopped and d.codec.pending == 0
-                return
-            # a frame boundary (or a header begun in an earlier part)
-            hold = d.hold
-            if hold is None:
-                found = head(name, part, pos, end)
-                if found is None:  # the header goes on in the next part
-                    d.hold = bytearray(part[pos:])
-                    d.fed += end - pos
-                    return
-                if found is False:
-                    d.fast = False
-                    continue
-                header_len, payload_len, data, fields = found  # type: ignore[misc]
-                at = pos + header_len
-                if at + payload_len <= end:  # the whole frame is in this part: the common case
-                    pos = at + payload_len
-                    size = header_len + payload_len
-                    d.fed += size
-                    if data:
-                        kept = bytes(part[at : at + (min(payload_len, prefix))])
-                    else:
-                        kept = bytes(part[at:pos])
-                    record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
-                    if record is not None:
+            d.last_time = time_ns
+            pos = 0
+            while pos < end:
+                if d.skip:  # inside a walked frame's payload
+                    skip = d.skip
+                    take = skip if skip < end - pos else end - pos  # noqa: FURB136 - no call in the hot loop
+                    if d.keep:
+                        k = d.keep if d.keep < take else take  # noqa: FURB136
+                        d.kept += part[pos : pos + k]  # (a few bytes of a data payload)
+                        d.keep -= k
+                    pos += take
+                    d.fed += take
+                    d.skip = skip - take
+                    if take == skip:
+                        size, payload_len, data, fields = d.frame  # type: ignore[misc]
+                        d.frame = None
+                        kept = bytes(d.kept)
+                        record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
+                        if record is None:
+                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                            if d.stopped:
+                                return
+                            continue
                         d.boundary += size
-                        self._out.append(record)
-                        if self._payloads is not None:
-                            self._attach(len(self._out) - 1, kept[:prefix])
+                        out.append(record)
+                        if payloads is not None:
+                            if len(payloads) == self._taken + len(out) - 1:
+                                payloads.append(kept[:prefix])
+                            else:
+                                self._attach(len(out) - 1, kept[:prefix])
+                    continue
+                if not d.fast:  # the codec's turn: it holds part of a frame, or the format is its
+                    rest = part[pos:] if pos else part
+                    self._feed(d, rest if type(rest) is bytes else bytes(rest), time_ns)
+                    d.fast = tracker.MAX_HEAD > 0 and not d.stopped and d.codec.pending == 0
+                    if d.stopped:
+                        return
+                    break
+                # a frame boundary (or a header begun in an earlier part)
+                hold = d.hold
+                if hold is None:
+                    found = head(name, part, pos, end)
+                    if found is None:  # the header goes on in the next part
+                        d.hold = bytearray(part[pos:])
+                        d.fed += end - pos
+                        break
+                    if found is False:
+                        d.fast = False
                         continue
-                    self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                    header_len, payload_len, data, fields = found  # type: ignore[misc]
+                    at = pos + header_len
+                    if at + payload_len <= end:  # the whole frame is in this part
+                        pos = at + payload_len
+                        size = header_len + payload_len
+                        d.fed += size
+                        if data:
+                            kept = bytes(part[at : at + (prefix if prefix < payload_len else payload_len)])  # noqa: FURB136
+                        else:
+                            kept = bytes(part[at:pos])
+                        record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
+                        if record is None:
+                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                            if d.stopped:
+                                return
+                            continue
+                        d.boundary += size
+                        out.append(record)
+                        if payloads is not None:
+                            if len(payloads) == self._taken + len(out) - 1:
+                                payloads.append(kept[:prefix])
+                            else:
+                                self._attach(len(out) - 1, kept[:prefix])
+                        continue
+                    used = header_len
+                else:
+                    have = len(hold)
+                    more = part[pos : pos + tracker.MAX_HEAD]
+                    buf = bytes(hold) + bytes(more)
+                    found = head(name, buf, 0, len(buf))
+                    if found is None and len(buf) < tracker.MAX_HEAD:
+                        hold += more
+                        d.fed += len(more)
+                        pos += len(more)
+                        continue
+                    if found is None or found is False:
+                        # the codec takes over from the frame's first byte
+                        d.fast = False
+                        d.hold = None
+                        d.fed = d.boundary
+                        self._feed(d, buf[:have] + bytes(part[pos:]), time_ns)
+                        d.fast = not d.stopped and d.codec.pending == 0
+                        if d.stopped:
+                            return
+                        break
+                    d.hold = None
+                    header_len, payload_len, data, fields = found  # type: ignore[misc]
+                    used = header_len - have  # the header's bytes in this part
+                pos += used
+                d.fed += used
+                if not payload_len:
+                    self._complete(d, time_ns, header_len, 0, data, fields, b"")
                     if d.stopped:
                         return
                     continue
-                used = header_len
-            else:
-                have = len(hold)
-                more = part[pos : pos + tracker.MAX_HEAD]
-                buf = bytes(hold) + bytes(more)
-                found = head(name, buf, 0, len(buf))
-                if found is None and len(buf) < tracker.MAX_HEAD:
-                    hold += more
-                    d.fed += len(more)
-                    pos += len(more)
-                    continue
-                if found is None or found is False:
-                    # the codec takes over from the frame's first byte
-                    d.fast = False
-                    d.hold = None
-                    d.fed = d.boundary
-                    self._feed(d, buf[:have] + bytes(part[pos:]), time_ns)
-                    d.fast = not d.stopped and d.codec.pending == 0
-                    return
-                d.hold = None
-                header_len, payload_len, data, fields = found  # type: ignore[misc]
-                used = header_len - have  # the header's bytes in this part
-            pos += used
-            d.fed += used
-            if not payload_len:
-                self._complete(d, time_ns, header_len, 0, data, fields, b"")
-                if d.stopped:
-                    return
-                continue
-            d.frame = (header_len + payload_len, payload_len, data, fields)
-            d.skip = payload_len
-            d.keep = (min(payload_len, prefix)) if data else payload_len
-            d.kept = bytearray()
+                d.frame = (header_len + payload_len, payload_len, data, fields)
+                d.skip = payload_len
+                d.keep = (prefix if prefix < payload_len else payload_len) if data else payload_len  # noqa: FURB136
+                d.kept = bytearray()
 
     def _complete(
         self,
