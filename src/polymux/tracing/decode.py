@@ -195,6 +195,26 @@ class _Tracker:
         """The payload of a decoded item (for the records' payload prefix)."""
         return b""
 
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        """Records of the whole frames from ``buf[pos:]`` on (``offset``: the stream offset
+        of ``pos``) as long as they are of the most common kinds, each exactly as
+        :meth:`records` would give it (and its payload prefix, when ``payloads`` is given):
+        one loop over many frames, for chunks that hold many. Returns where it stopped (at
+        a frame boundary: a frame it leaves to the general path, or one not whole in
+        ``buf``)."""
+        return pos
+
     # helpers
 
     def rec(
@@ -284,6 +304,99 @@ class _YamuxTracker(_Tracker):
     def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
         type_, flags, sid, length = fields
         return self.wire.Frame(type_, flags, sid, length, payload)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # plain Data frames (their sender's credit) and plain WindowUpdates (the other's)
+        if self.decoder.one_way:
+            return pos
+        unpack = self.wire.HEADER.unpack_from
+        credits = self.credit
+        other = _OTHER[direction]
+        session = self.decoder.session
+        fmt = self.fmt
+        append = out.append
+        base = offset - pos
+        max_data = self.MAX_DATA
+        while end - pos >= 12:
+            version, type_, flags, sid, length = unpack(buf, pos)
+            if version or flags or type_ > 1 or not sid or not length:
+                break
+            if type_:
+                credit = credits.get((sid, other))
+                if credit is None:
+                    break
+                credit.window += length
+                append(
+                    _new_record(
+                        FrameRecord,
+                        (
+                            session,
+                            direction,
+                            time_ns,
+                            fmt,
+                            base + pos,
+                            str(sid),
+                            "window_update",
+                            length,
+                            0,
+                            credit.left,
+                            other,
+                            None,
+                            None,
+                            None,
+                        ),
+                    )  # fmt: skip
+                )
+                if payloads is not None:
+                    payloads.append(b"")
+                pos += 12
+                continue
+            stop = pos + 12 + length
+            if stop > end or length > max_data:
+                break
+            credit = credits.get((sid, direction))
+            if credit is None:
+                break
+            left = credit.left - length
+            if left < 0:
+                break
+            credit.in_flight += length
+            append(
+                _new_record(
+                    FrameRecord,
+                    (
+                        session,
+                        direction,
+                        time_ns,
+                        fmt,
+                        base + pos,
+                        str(sid),
+                        "data",
+                        length,
+                        0,
+                        left,
+                        direction,
+                        None,
+                        None,
+                        None,
+                    ),
+                )  # fmt: skip
+            )
+            if payloads is not None:
+                payloads.append(bytes(buf[pos + 12 : pos + 12 + min(prefix, length)]))
+            pos = stop
+        return pos
 
     def fast_record(
         self,
@@ -509,6 +622,75 @@ class _MStreamTracker(_Tracker):
     def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
         code, cid, source = fields
         return self.wire.Frame(code, cid, payload, source)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # v3 frames of the shape every peer sends in bulk: [code, id, source, bin8/16] with
+        # fixints, Content (code 2) and ContentProcessed (code 5) of a channel we track
+        if self.version != 3 or self.decoder.one_way:
+            return pos
+        credits = self.credit
+        other = _OTHER[direction]
+        session = self.decoder.session
+        fmt = self.fmt
+        names = self.channel_names
+        append = out.append
+        base = offset - pos
+        opener = {1: _PREFIX[direction], -1: _PREFIX[other]}
+        sources = self._sources
+        while end - pos >= 6 and buf[pos] == 0x94:
+            code = buf[pos + 1]
+            cid = buf[pos + 2]
+            source = sources.get(buf[pos + 3])
+            kind = buf[pos + 4]
+            if cid >= 0x80 or not source or (code != 2 and code != 5):
+                break
+            if kind == 0xC5:
+                length = buf[pos + 5] << 8 | buf[pos + 6] if end - pos >= 7 else -1
+                at = pos + 7
+            elif kind == 0xC4:
+                length = buf[pos + 5]
+                at = pos + 6
+            else:
+                break
+            stop = at + length
+            if length < 0 or stop > end or length > self.max_payload:
+                break
+            channel = f"{opener[source]}{cid}"
+            if code == 2:
+                credit = credits.get((channel, direction))
+                if credit is None or credit.left < length:
+                    break
+                credit.in_flight += length
+                record = _new_record(
+                    FrameRecord,
+                    (
+                        session, direction, time_ns, fmt, base + pos, channel, "data", length, 2,
+                        credit.left, direction, None, None, names.get(channel),
+                    ),
+                )  # fmt: skip
+                kept = bytes(buf[at : at + min(prefix, length)]) if payloads is not None else b""
+            else:
+                kept = bytes(buf[at:stop])
+                record = self._fast_processed(direction, channel, kept, base + pos, time_ns)  # type: ignore[assignment]
+                if record is None:
+                    break
+                kept = kept[:prefix]
+            append(record)
+            if payloads is not None:
+                payloads.append(kept)
+            pos = stop
+        return pos
 
     def _fast_processed(
         self, direction: str, channel: str, payload: bytes, offset: int, time_ns: int
@@ -758,6 +940,75 @@ class _MplexTracker(_Tracker):
 
     def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
         return self.wire.Frame(fields[0], fields[1], payload)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # Message frames with a one-byte header (ids < 16) and a length of 1-3 bytes
+        session = self.decoder.session
+        fmt = self.fmt
+        current = self.names.current
+        names = self.channel_names
+        append = out.append
+        base = offset - pos
+        limit = self.max_size
+        other = _OTHER[direction]
+        while end - pos >= 3:
+            h = buf[pos]
+            flag = h & 7
+            if h >= 0x80 or (flag != 1 and flag != 2):
+                break
+            b1 = buf[pos + 1]
+            if b1 < 0x80:
+                length = b1
+                at = pos + 2
+            elif buf[pos + 2] < 0x80:
+                length = (b1 & 0x7F) | buf[pos + 2] << 7
+                at = pos + 3
+            elif end - pos >= 4 and buf[pos + 3] < 0x80:
+                length = (b1 & 0x7F) | (buf[pos + 2] & 0x7F) << 7 | buf[pos + 3] << 14
+                at = pos + 4
+            else:
+                break
+            stop = at + length
+            if stop > end or length > limit or not length:
+                break
+            key = f"{_PREFIX[direction if flag == 2 else other]}{h >> 3}"
+            channel = current.get(key, key)
+            append(
+                _new_record(
+                    FrameRecord,
+                    (
+                        session,
+                        direction,
+                        time_ns,
+                        fmt,
+                        base + pos,
+                        channel,
+                        "data",
+                        length,
+                        flag,
+                        None,
+                        "",
+                        None,
+                        None,
+                        names.get(channel),
+                    ),
+                )  # fmt: skip
+            )
+            if payloads is not None:
+                payloads.append(bytes(buf[at : at + min(prefix, length)]))
+            pos = stop
+        return pos
 
     def fast_record(
         self,
@@ -1319,11 +1570,17 @@ class FrameDecoder:
         tracker = self._tracker
         head = tracker.fast_header
         fast_record = tracker.fast_record
+        run = tracker.fast_run
+        runs = 2 * tracker.MAX_HEAD  # a part with more than this may hold several frames
         name = d.name
         prefix = self._prefix or 0
         out = self._out
         payloads = self._payloads
-        for part in parts:
+        count = len(parts)
+        i = 0
+        while i < count:
+            part = parts[i]
+            i += 1
             end = len(part)
             if not end:
                 continue
@@ -1368,6 +1625,15 @@ class FrameDecoder:
                 # a frame boundary (or a header begun in an earlier part)
                 hold = d.hold
                 if hold is None:
+                    if end - pos > runs:  # many frames here, perhaps: one loop over them
+                        if payloads is not None and len(payloads) < self._taken + len(out):
+                            payloads += [None] * (self._taken + len(out) - len(payloads))
+                        stop = run(name, part, pos, end, d.boundary, time_ns, out, payloads, prefix)
+                        if stop != pos:
+                            d.boundary += stop - pos
+                            d.fed += stop - pos
+                            pos = stop
+                            continue
                     found = head(name, part, pos, end)
                     if found is None:  # the header goes on in the next part
                         d.hold = bytearray(part[pos:])
@@ -1378,14 +1644,19 @@ class FrameDecoder:
                         continue
                     header_len, payload_len, data, fields = found  # type: ignore[misc]
                     at = pos + header_len
-                    if at + payload_len <= end:  # the whole frame is in this part
-                        pos = at + payload_len
+                    whole = at + payload_len <= end  # the whole frame is in this part
+                    if whole or (at == end and i < count and len(parts[i]) == payload_len):
+                        # (or its payload is the next part: a batch the session wrote)
+                        if whole:
+                            pos = at + payload_len
+                            body = part[at:pos]
+                        else:
+                            pos = end
+                            body = parts[i]
+                            i += 1
                         size = header_len + payload_len
                         d.fed += size
-                        if data:
-                            kept = bytes(part[at : at + (prefix if prefix < payload_len else payload_len)])  # noqa: FURB136
-                        else:
-                            kept = bytes(part[at:pos])
+                        kept = bytes(body[:prefix] if data else body)
                         record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
                         if record is None:
                             self._complete(d, time_ns, size, payload_len, data, fields, kept)
