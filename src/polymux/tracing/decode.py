@@ -337,27 +337,26 @@ class _YamuxTracker(_Tracker):
                 if credit is None:
                     break
                 credit.window += length
-                append(
-                    _new_record(
-                        FrameRecord,
-                        (
-                            session,
-                            direction,
-                            time_ns,
-                            fmt,
-                            base + pos,
-                            str(sid),
-                            "window_update",
-                            length,
-                            0,
-                            credit.left,
-                            other,
-                            None,
-                            None,
-                            None,
-                        ),
-                    )  # fmt: skip
-                )
+                record = _new_record(
+                    FrameRecord,
+                    (
+                        session,
+                        direction,
+                        time_ns,
+                        fmt,
+                        base + pos,
+                        str(sid),
+                        "window_update",
+                        length,
+                        0,
+                        credit.left,
+                        other,
+                        None,
+                        None,
+                        None,
+                    ),
+                )  # fmt: skip
+                append(record)
                 if payloads is not None:
                     payloads.append(b"")
                 pos += 12
@@ -372,27 +371,26 @@ class _YamuxTracker(_Tracker):
             if left < 0:
                 break
             credit.in_flight += length
-            append(
-                _new_record(
-                    FrameRecord,
-                    (
-                        session,
-                        direction,
-                        time_ns,
-                        fmt,
-                        base + pos,
-                        str(sid),
-                        "data",
-                        length,
-                        0,
-                        left,
-                        direction,
-                        None,
-                        None,
-                        None,
-                    ),
-                )  # fmt: skip
-            )
+            record = _new_record(
+                FrameRecord,
+                (
+                    session,
+                    direction,
+                    time_ns,
+                    fmt,
+                    base + pos,
+                    str(sid),
+                    "data",
+                    length,
+                    0,
+                    left,
+                    direction,
+                    None,
+                    None,
+                    None,
+                ),
+            )  # fmt: skip
+            append(record)
             if payloads is not None:
                 payloads.append(bytes(buf[pos + 12 : pos + 12 + min(prefix, length)]))
             pos = stop
@@ -984,27 +982,26 @@ class _MplexTracker(_Tracker):
                 break
             key = f"{_PREFIX[direction if flag == 2 else other]}{h >> 3}"
             channel = current.get(key, key)
-            append(
-                _new_record(
-                    FrameRecord,
-                    (
-                        session,
-                        direction,
-                        time_ns,
-                        fmt,
-                        base + pos,
-                        channel,
-                        "data",
-                        length,
-                        flag,
-                        None,
-                        "",
-                        None,
-                        None,
-                        names.get(channel),
-                    ),
-                )  # fmt: skip
-            )
+            record = _new_record(
+                FrameRecord,
+                (
+                    session,
+                    direction,
+                    time_ns,
+                    fmt,
+                    base + pos,
+                    channel,
+                    "data",
+                    length,
+                    flag,
+                    None,
+                    "",
+                    None,
+                    None,
+                    names.get(channel),
+                ),
+            )  # fmt: skip
+            append(record)
             if payloads is not None:
                 payloads.append(bytes(buf[at : at + min(prefix, length)]))
             pos = stop
