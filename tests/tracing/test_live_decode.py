@@ -1,5 +1,5 @@
-"""The live decoding path (``FrameDecoder.feed_parts``, what frame-record capture runs on
-the event loop) gives exactly the records of the file path (``decode_chunks``), whatever
+"""The walk (``FrameDecoder.feed_parts`` and ``feed``: headers walked, data payloads
+skipped) gives exactly the records of the codec alone (``codec_only=True``), whatever
 parts and views the bytes come in: every format, real sessions, injected violations,
 streams cut inside a frame, random bytes; and it never copies a data payload."""
 
@@ -51,7 +51,7 @@ def _live(
 def _reference(
     fmt: str, chunks: list[Chunk], prefix: int | None = None
 ) -> tuple[list[FrameRecord], list[bytes | None]]:
-    decoder = FrameDecoder(fmt, session="s", payload_prefix=prefix)
+    decoder = FrameDecoder(fmt, session="s", payload_prefix=prefix, codec_only=True)
     records: list[FrameRecord] = []
     for chunk in chunks:
         records += decoder.feed(chunk)
@@ -72,11 +72,18 @@ def _options(fmt: str) -> dict[str, object]:
 async def test_live_path_equals_the_file_path(fmt: str, tmp_path: Path) -> None:
     rec = await record_session(fmt, tmp_path, sizes=(1, 5_000, 70_001, 130_003), **_options(fmt))
     for chunks in _captures(rec):
-        expected = list(decode_chunks(fmt, chunks, session="s"))
+        expected = _reference(fmt, chunks)[0]
         assert not [r for r in expected if r.frame_type in ("violation", "truncated")]
         for how in ("whole", "small", "views"):
             for seed in range(2 if how != "whole" else 1):
                 assert _live(fmt, chunks, how, seed)[0] == expected, (how, seed)
+
+
+@pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
+async def test_decode_chunks_walks_and_equals_the_codec(fmt: str, tmp_path: Path) -> None:
+    rec = await record_session(fmt, tmp_path, sizes=(1, 70_001), **_options(fmt))
+    for chunks in _captures(rec):
+        assert list(decode_chunks(fmt, chunks, session="s")) == _reference(fmt, chunks)[0]
 
 
 @pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
@@ -98,7 +105,7 @@ async def test_payload_prefixes_are_the_same_on_both_paths(fmt: str, tmp_path: P
 async def test_violations_and_cuts_match(fmt: str, tmp_path: Path) -> None:
     rec = await record_session(fmt, tmp_path, sizes=(2_000, 50_000), **_options(fmt))
     chunks = rec.client.chunks
-    good = list(decode_chunks(fmt, chunks, session="s"))
+    good = _reference(fmt, chunks)[0]
     offsets = sorted({r.offset for r in good if r.direction == "c2s"})
     corrupt, _message = CORRUPT[fmt]
     whole = stream(chunks, "c2s")
@@ -109,7 +116,7 @@ async def test_violations_and_cuts_match(fmt: str, tmp_path: Path) -> None:
             _rebuild(chunks, "c2s", whole[: at + 1]),
         ]
         for bad in variants:
-            expected = list(decode_chunks(fmt, bad, session="s"))
+            expected = _reference(fmt, bad)[0]
             for how in ("whole", "small", "views"):
                 assert _live(fmt, bad, how, at)[0] == expected, (how, at)
 
@@ -123,7 +130,7 @@ def test_random_bytes_match(fmt: str) -> None:
         ]
         if trial % 2:
             chunks.insert(0, (0, "c2s", _valid_start(fmt)))
-        expected = list(decode_chunks(fmt, chunks, session="s"))
+        expected = _reference(fmt, chunks)[0]
         for how in ("whole", "small"):
             assert _live(fmt, chunks, how, trial)[0] == expected
 
@@ -138,7 +145,7 @@ def test_non_minimal_encodings_go_to_the_codec() -> None:
         (2, "s2c", mstream.encode_handshake(2, b"\x02" * 16) + accept),
         (3, "c2s", wide + content + wide + content),
     ]
-    expected = list(decode_chunks("mstream-v2", chunks, session="s"))
+    expected = _reference("mstream-v2", chunks)[0]
     for how in ("whole", "small", "views"):
         for seed in range(5):
             assert _live("mstream-v2", chunks, how, seed)[0] == expected

@@ -328,35 +328,25 @@ class _YamuxTracker(_Tracker):
         append = out.append
         base = offset - pos
         max_data = self.MAX_DATA
+        new = _new_record
+        record_type = FrameRecord
+        mine: dict[int, tuple[_Credit, str]] = {}  # stream id -> (credit, key), for this run
+        theirs: dict[int, tuple[_Credit, str]] = {}
         while end - pos >= 12:
             version, type_, flags, sid, length = unpack(buf, pos)
             if version or flags or type_ > 1 or not sid or not length:
                 break
             if type_:
-                credit = credits.get((sid, other))
-                if credit is None:
-                    break
+                entry = theirs.get(sid)
+                if entry is None:
+                    credit = credits.get((sid, other))
+                    if credit is None:
+                        break
+                    entry = theirs[sid] = (credit, str(sid))
+                credit, channel = entry
                 credit.window += length
-                record = _new_record(
-                    FrameRecord,
-                    (
-                        session,
-                        direction,
-                        time_ns,
-                        fmt,
-                        base + pos,
-                        str(sid),
-                        "window_update",
-                        length,
-                        0,
-                        credit.left,
-                        other,
-                        None,
-                        None,
-                        None,
-                    ),
-                )  # fmt: skip
-                append(record)
+                left = (credit.window or 0) - credit.in_flight
+                append(new(record_type, (session, direction, time_ns, fmt, base + pos, channel, "window_update", length, 0, left, other, None, None, None)))  # fmt: skip
                 if payloads is not None:
                     payloads.append(b"")
                 pos += 12
@@ -364,33 +354,18 @@ class _YamuxTracker(_Tracker):
             stop = pos + 12 + length
             if stop > end or length > max_data:
                 break
-            credit = credits.get((sid, direction))
-            if credit is None:
-                break
-            left = credit.left - length
+            entry = mine.get(sid)
+            if entry is None:
+                credit = credits.get((sid, direction))
+                if credit is None:
+                    break
+                entry = mine[sid] = (credit, str(sid))
+            credit, channel = entry
+            left = (credit.window or 0) - credit.in_flight - length
             if left < 0:
                 break
             credit.in_flight += length
-            record = _new_record(
-                FrameRecord,
-                (
-                    session,
-                    direction,
-                    time_ns,
-                    fmt,
-                    base + pos,
-                    str(sid),
-                    "data",
-                    length,
-                    0,
-                    left,
-                    direction,
-                    None,
-                    None,
-                    None,
-                ),
-            )  # fmt: skip
-            append(record)
+            append(new(record_type, (session, direction, time_ns, fmt, base + pos, channel, "data", length, 0, left, direction, None, None, None)))  # fmt: skip
             if payloads is not None:
                 payloads.append(bytes(buf[pos + 12 : pos + 12 + min(prefix, length)]))
             pos = stop
@@ -1419,10 +1394,20 @@ class FrameDecoder:
         one_way: only one direction was captured: credit is not tracked (``None``, no
             flow-control violations), and Streamux assumes the other side's initialize
             message equalled this side's.
+        payload_prefix: keep the first bytes of each frame's payload, at most this many
+            (:meth:`take_payloads`); ``None``: keep none.
+        codec_only: decode every frame with the codec, never walking headers (the
+            reference the walk is tested against; slower, same records).
     """
 
     def __init__(
-        self, format: str, *, session: str, one_way: bool = False, payload_prefix: int | None = None
+        self,
+        format: str,
+        *,
+        session: str,
+        one_way: bool = False,
+        payload_prefix: int | None = None,
+        codec_only: bool = False,
     ) -> None:
         if payload_prefix is not None and payload_prefix < 0:
             raise ValueError(f"payload_prefix must be >= 0, got {payload_prefix}")
@@ -1430,7 +1415,8 @@ class FrameDecoder:
         self.session = session
         self.one_way = one_way
         self._tracker = _tracker_class(format)(self)
-        fast = self._tracker.MAX_HEAD > 0
+        fast = self._tracker.MAX_HEAD > 0 and not codec_only
+        self._walks = fast
         self._dirs = {name: _Direction(name, self._tracker.codec(name), fast) for name in (C2S, S2C)}
         self._out: list[FrameRecord] = []
         self._to_release: list[str] = []
@@ -1448,11 +1434,10 @@ class FrameDecoder:
         self._time = time_ns
         if not d.stopped and data:
             d.last_time = time_ns
-            if d.hold is not None or d.frame is not None:
-                self._walk(d, (data,), time_ns)  # inside a walked frame: finish it first
+            if self._walks:
+                self._walk(d, (data,), time_ns)
             else:
                 self._feed(d, bytes(data), time_ns)
-                d.fast = self._tracker.MAX_HEAD > 0 and not d.stopped and d.codec.pending == 0
             self._release_held(time_ns)
         return self._take()
 
@@ -1615,7 +1600,7 @@ class FrameDecoder:
                 if not d.fast:  # the codec's turn: it holds part of a frame, or the format is its
                     rest = part[pos:] if pos else part
                     self._feed(d, rest if type(rest) is bytes else bytes(rest), time_ns)
-                    d.fast = tracker.MAX_HEAD > 0 and not d.stopped and d.codec.pending == 0
+                    d.fast = self._walks and not d.stopped and d.codec.pending == 0
                     if d.stopped:
                         return
                     break
@@ -1685,7 +1670,7 @@ class FrameDecoder:
                         d.hold = None
                         d.fed = d.boundary
                         self._feed(d, buf[:have] + bytes(part[pos:]), time_ns)
-                        d.fast = not d.stopped and d.codec.pending == 0
+                        d.fast = self._walks and not d.stopped and d.codec.pending == 0
                         if d.stopped:
                             return
                         break
