@@ -1,14 +1,17 @@
 """End-to-end throughput of ``polymux.pipeline`` (ingest + reports) on ``local[2]``.
 
-Synthesises yamux captures (the raw capture file format of ``docs/tracing.md``) of 1 M,
-4 M and 16 M frames -- 64 streams sending 8-byte data frames client to server, the server
-returning the window in WindowUpdate frames, so credit is tracked on every data frame --
-in files of 256 Ki frames each, one session per file. Then runs ``analyze`` on each set
-with one SparkSession (started once, warmed up on a small set first) and prints frames/s
-for the ingest (decode + frames table in Parquet) and the reports (reports, CSV/Parquet,
-HTML) and how the cost grows with size.
+Synthesises yamux captures of 1 M, 4 M and 16 M frames -- 64 streams sending 8-byte data
+frames client to server, the server returning the window in WindowUpdate frames, so credit
+is tracked on every data frame -- in files of 256 Ki frames each, one session per file, in
+either input form (``--inputs``): ``raw``, the full capture file format of
+``docs/tracing.md`` (``*.pmcap.parquet``, decoded by the ingest), or ``records``, the
+frames files ``CaptureRecorder(mode="records")`` writes (``*.pmframes.parquet``: the same
+sessions' frame records, made by decoding the raw form once, outside the clock). Then
+runs ``analyze`` on each set with one SparkSession (started once, warmed up on a small set
+first) and prints frames/s for the ingest (decode + frames table in Parquet) and the
+reports (reports, CSV/Parquet, HTML) and how the cost grows with size.
 
-    nice .venv/bin/python benchmarks/bench_pipeline.py [--sizes 1,4,16] [--master local[2]]
+    nice .venv/bin/python benchmarks/bench_pipeline.py [--sizes 1,4,16] [--inputs raw,records]
 """
 
 from __future__ import annotations
@@ -77,17 +80,54 @@ def write_capture(path: Path, session: str, frames: int, start_ns: int) -> int:
     return STREAMS + blocks * per_block
 
 
-def make_set(folder: Path, frames: int) -> int:
-    """Files of about FILE_FRAMES frames adding up to ``frames``; return the exact count."""
+def make_set(folder: Path, frames: int, inputs: str = "raw") -> int:
+    """Files of about FILE_FRAMES frames adding up to ``frames``; return the exact count.
+    ``inputs``: raw captures, or the frames files of the same sessions (``records``)."""
     folder.mkdir(parents=True, exist_ok=True)
     total = 0
     n = max(1, round(frames / FILE_FRAMES))
+    template: pa.Table | None = None
     for i in range(n):
         session = f"bench-{frames}-{i}"
-        total += write_capture(
-            folder / f"{session}.0000.pmcap.parquet", session, frames // n, 1_700_000_000 * 10**9
-        )
+        raw = folder / f"{session}.0000.pmcap.parquet"
+        count = write_capture(raw, session, frames // n, 1_700_000_000 * 10**9)
+        total += count
+        if inputs == "records":
+            if template is None or template.num_rows != _records_of(raw).num_rows:
+                template = _records_of(raw)
+            _write_frames_file(folder / f"{session}.0000.pmframes.parquet", template, session)
+            raw.unlink()
     return total
+
+
+def _records_of(path: Path) -> pa.Table:
+    """The frame records of a raw capture, as a frames file holds them."""
+    from polymux.tracing import decode_chunks, read_capture
+    from polymux.tracing.capture import _records_table
+
+    capture = read_capture(path)
+    records = list(decode_chunks(capture.format, capture.chunks, session=capture.session))
+    return _records_table(records, [None] * len(records))
+
+
+def _write_frames_file(path: Path, template: pa.Table, session: str) -> None:
+    """``template``'s records as session ``session``'s frames file."""
+    from polymux.tracing.capture import FRAMES_VERSION
+
+    column = template.schema.get_field_index("session")
+    table = template.set_column(column, template.schema.field(column), pa.repeat(session, template.num_rows))
+    meta = {
+        "polymux.frames.version": FRAMES_VERSION,
+        "polymux.frames.mode": "records",
+        "polymux.frames.payload_prefix": "0",
+        "session": session,
+        "format": "yamux",
+        "role": "client",
+        "local": "127.0.0.1:40000",
+        "peer": "127.0.0.1:9000",
+        "seq": "0",
+    }
+    pq.write_table(table.replace_schema_metadata(meta), path, compression="zstd")
 
 
 def main() -> None:
@@ -96,7 +136,15 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,4,16", help="millions of frames, comma-separated")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
+    parser.add_argument(
+        "--inputs",
+        default="raw,records",
+        help="input forms, comma-separated: raw (full captures, decoded) and/or records (frames files)",
+    )
     args = parser.parse_args()
+    forms = [f.strip() for f in args.inputs.split(",") if f.strip()]
+    if not forms or set(forms) - {"raw", "records"}:
+        parser.error(f"--inputs: raw and/or records, got {args.inputs!r}")
 
     from polymux.pipeline import analyze, build_session
 
@@ -105,35 +153,39 @@ def main() -> None:
         start = time.perf_counter()
         spark = build_session(args.master)
         started = time.perf_counter() - start
-        warm = make_set(root / "warm", 100_000)
-        analyze([str(root / "warm")], root / "warm-out", spark=spark, progress=False)
+        for form in forms:
+            warm = make_set(root / f"warm-{form}", 100_000, form)
+            analyze([str(root / f"warm-{form}")], root / f"warm-out-{form}", spark=spark, progress=False)
         rows = []
-        for millions in [float(s) for s in args.sizes.split(",")]:
-            folder = root / f"in-{millions:g}M"
-            t0 = time.perf_counter()
-            frames = make_set(folder, int(millions * (1 << 20)))
-            made = time.perf_counter() - t0
-            summary = analyze([str(folder)], root / f"out-{millions:g}M", spark=spark, progress=True)
-            assert summary.frames == frames, (summary.frames, frames)
-            ingest = summary.timings["ingest"]
-            report = summary.timings["reports"] + summary.timings["html"]
-            rows.append((frames, summary.files, made, ingest, report))
-            shutil.rmtree(folder)
-            shutil.rmtree(root / f"out-{millions:g}M")
+        for form in forms:
+            for millions in [float(s) for s in args.sizes.split(",")]:
+                folder = root / f"in-{form}-{millions:g}M"
+                t0 = time.perf_counter()
+                frames = make_set(folder, int(millions * (1 << 20)), form)
+                made = time.perf_counter() - t0
+                out = root / f"out-{form}-{millions:g}M"
+                summary = analyze([str(folder)], out, spark=spark, progress=True)
+                assert summary.frames == frames, (summary.frames, frames)
+                ingest = summary.timings["ingest"]
+                report = summary.timings["reports"] + summary.timings["html"]
+                rows.append((form, frames, summary.files, made, ingest, report))
+                shutil.rmtree(folder)
+                shutil.rmtree(out)
         print(
             f"\npolymux.pipeline on {args.master}: Spark start-up {started:.1f} s (not counted); warm-up {warm:,}"
         )
         print(
-            f"{'frames':>12} {'files':>5} {'ingest s':>9} {'reports s':>10} {'total s':>8} "
+            f"{'input':>7} {'frames':>12} {'files':>5} {'ingest s':>9} {'reports s':>10} {'total s':>8} "
             f"{'ingest f/s':>11} {'reports f/s':>12} {'end-to-end f/s':>15} {'x time':>7}"
         )
-        base: tuple[int, float] | None = None
-        for frames, files, _made, ingest, report in rows:
+        bases: dict[str, tuple[int, float]] = {}
+        for form, frames, files, _made, ingest, report in rows:
             total = ingest + report
+            base = bases.get(form)
             growth = "" if base is None else f"{(total / base[1]) / (frames / base[0]):.2f}"
-            base = base or (frames, total)
+            bases.setdefault(form, (frames, total))
             print(
-                f"{frames:>12,} {files:>5} {ingest:>9.1f} {report:>10.1f} {total:>8.1f} "
+                f"{form:>7} {frames:>12,} {files:>5} {ingest:>9.1f} {report:>10.1f} {total:>8.1f} "
                 f"{frames / ingest:>11,.0f} {frames / report:>12,.0f} {frames / total:>15,.0f} {growth:>7}"
             )
         print("x time: (time / first size's time) / (frames / first size's frames); 1.00 = linear")

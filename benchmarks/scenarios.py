@@ -20,6 +20,7 @@ of :mod:`benchmarks.peer` for the same event loop and transport.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import multiprocessing
 import shutil
 import tempfile
@@ -199,12 +200,18 @@ async def bulk_polymux(
 
 
 async def bulk_captured(
-    ep: Endpoint, fmt: str, payload: memoryview, directory: str, recorder_class: Any
+    ep: Endpoint,
+    fmt: str,
+    payload: memoryview,
+    directory: str,
+    recorder_class: Any,
+    recorder_options: dict[str, Any] | None = None,
 ) -> float:
     """:func:`bulk_polymux` on 1 channel with ``SessionConfig.capture`` set to a fresh
-    ``CaptureRecorder`` (closed and its files removed after the clock stopped); MiB/s."""
+    ``CaptureRecorder`` (closed, its files converted, and removed after the clock
+    stopped); MiB/s."""
     where = tempfile.mkdtemp(dir=directory)
-    recorder = recorder_class(where)
+    recorder = recorder_class(where, **(recorder_options or {}))
     loop = asyncio.get_running_loop()
     try:
         return await bulk_polymux(ep, fmt, payload, 1, {"capture": recorder})
@@ -254,26 +261,37 @@ def bulk_jobs(
         ]
     if capture_dir is not None:
         # Tracing overhead: the same 1-channel bulk with a CaptureRecorder on the sender
-        # (three representative formats: one per frame-size family).
+        # (three representative formats: one per frame-size family), in both modes: every
+        # byte ("capture on"), and frame records only ("frame records").
         from polymux.tracing import CaptureRecorder  # type: ignore[import-not-found,unused-ignore]
 
+        modes: list[tuple[str, dict[str, Any]]] = [("full capture", {})]
+        if "mode" in inspect.signature(CaptureRecorder).parameters:
+            modes.append(("frame records", {"mode": "records"}))
         traced = [f for f in formats if f in ("mstream-v3", "mplex", "yamux")] or formats[:1]
         for fmt in traced:
-            r = Row(
-                "tracing",
-                "1 ch, capture on",
-                fmt,
-                loop,
-                transport,
-                "MiB/s",
-                baseline=f"{fmt} (no capture)",
-                extra={"channels": 1},
-            )
-            r0 = Row("tracing", "1 ch, capture on", f"{fmt} (no capture)", loop, transport, "MiB/s")
+            off = f"{fmt} (no capture)"
+            r0 = Row("tracing", "1 ch, capture", off, loop, transport, "MiB/s")
             jobs.append(Job(r0, lambda fmt=fmt: bulk_polymux(eps[fmt], fmt, payload, 1)))
-            jobs.append(
-                Job(r, lambda fmt=fmt: bulk_captured(eps[fmt], fmt, payload, capture_dir, CaptureRecorder))
-            )
+            for what, options in modes:
+                r = Row(
+                    "tracing",
+                    "1 ch, capture",
+                    f"{fmt} ({what})",
+                    loop,
+                    transport,
+                    "MiB/s",
+                    baseline=off,
+                    extra={"channels": 1, "capture": options.get("mode", "full")},
+                )
+                jobs.append(
+                    Job(
+                        r,
+                        lambda fmt=fmt, options=options: bulk_captured(
+                            eps[fmt], fmt, payload, capture_dir, CaptureRecorder, options
+                        ),
+                    )
+                )
     return jobs
 
 

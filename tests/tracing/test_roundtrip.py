@@ -14,6 +14,7 @@ import pytest
 
 import polymux
 from polymux.tracing import FRAME_FIELDS, FRAME_TYPES, FrameDecoder, decode_chunks, frame_schema
+from polymux.tracing.capture import frames_file_schema
 
 from .conftest import SIZES, data_bytes, record_session, reply_size, stream, without_time
 
@@ -85,10 +86,11 @@ async def test_round_trip_every_format(fmt: str, tmp_path: Path, monkeypatch: py
     )
     assert frames_files
     table = pq.read_table(frames_files[0])
-    assert table.schema.remove_metadata() == frame_schema()
+    assert table.schema.remove_metadata() == frames_file_schema()
     assert table.schema.metadata[b"polymux.frames.version"] == b"1"
-    assert [tuple(row.values()) for row in table.to_pylist()] == [tuple(r) for r in records]
-    assert [name for name, _ in FRAME_FIELDS] == table.column_names
+    assert [tuple(row.values())[:-1] for row in table.to_pylist()] == [tuple(r) for r in records]
+    assert [name for name, _ in FRAME_FIELDS] + ["payload"] == table.column_names
+    assert frames_file_schema().remove(len(FRAME_FIELDS)) == frame_schema()
 
 
 @pytest.mark.parametrize("fmt", ["yamux", "mstream-v2", "mplex", "streamux", "omnistreams"])

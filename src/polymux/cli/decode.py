@@ -5,7 +5,9 @@ FILE is one of:
   - a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
     each is decoded;
   - a polymux capture (*.pmcap.parquet, written by polymux.tracing.CaptureRecorder),
-    which records its format;
+    which records its format (or a *.pmcap.raw file the recorder has not converted yet);
+  - a polymux frames file (*.pmframes.parquet, CaptureRecorder(mode="records") or
+    frames=True): its frame records are listed as they were recorded (no decoding);
   - raw bytes of one direction of a connection (--direction, c2s by default: what the
     client sent).
 
@@ -58,7 +60,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("file", metavar="FILE", help="pcap/pcapng, *.pmcap.parquet, or raw bytes of one direction")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        help="pcap/pcapng, *.pmcap.parquet, *.pmframes.parquet, or raw bytes of one direction",
+    )
     p.add_argument(
         "--protocol",
         "-p",
@@ -104,6 +110,7 @@ class _Connection:
         format: str | None,
         how: str,
         one_way: bool = False,
+        records: list[FrameRecord] | None = None,
     ) -> None:
         self.session = session
         self.chunks = chunks
@@ -112,10 +119,13 @@ class _Connection:
         """The format given (forced or recorded); None: detect."""
         self.how = how
         self.one_way = one_way
+        self.records = records
+        """Records as recorded (a frames file): listed, not decoded."""
 
 
 def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
     from polymux.tracing import forced_format, read_capture, read_pcap
+    from polymux.tracing.capture import RAW_SUFFIX, read_frames
 
     protocols = args.protocols
     path = Path(args.file)
@@ -137,7 +147,24 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
         except (OSError, ValueError) as exc:
             raise _Unreadable(str(exc)) from None
         return
-    if kind == "parquet":
+    if kind == "parquet" and _is_frames_file(path):
+        try:
+            frames = read_frames(path)
+        except (OSError, ValueError) as exc:
+            raise _Unreadable(str(exc)) from None
+        forced = forced_format(frames.session, protocols)
+        if forced and forced != frames.format:
+            print(
+                f"polymux decode: {frames.session}: --protocol {forced} ignored: a frames file holds "
+                f"{frames.format} records, decoded when recorded",
+                file=sys.stderr,
+            )
+        title = f"{frames.role} {frames.local or '?'}, peer {frames.peer or '?'} (polymux frames, part {frames.seq})"
+        yield _Connection(
+            frames.session, [], title, frames.format, "recorded as frame records", records=frames.records
+        )
+        return
+    if kind == "parquet" or path.name.endswith(RAW_SUFFIX):
         try:
             cap = read_capture(path)
         except (OSError, ValueError) as exc:
@@ -162,12 +189,26 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
     )
 
 
+def _is_frames_file(path: Path) -> bool:
+    """A Parquet file with the frames file's version key (not a capture)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - not readable as Parquet: read_capture says why
+        return False
+    return b"polymux.frames.version" in meta
+
+
 def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
 def _print_table(conn: _Connection, fmt: str, how: str, records: Iterable[FrameRecord], out: TextIO) -> None:
-    start = conn.chunks[0][0] if conn.chunks else 0
+    if conn.records is not None:
+        start = conn.records[0].time_ns if conn.records else 0
+    else:
+        start = conn.chunks[0][0] if conn.chunks else 0
     out.write(f"== {conn.session}  {fmt}  {conn.title}\n== format: {how}\n")
     out.write(
         f"{'time':>11} {'dir':3} {'offset':>10} {'channel':<9} {'type':<13} {'length':>8} {'flags':>6} "
@@ -192,7 +233,7 @@ def _print_table(conn: _Connection, fmt: str, how: str, records: Iterable[FrameR
 
 def run(args: argparse.Namespace) -> int:
     """Decode and print; 0 on success, 1 when the file cannot be read or decoded."""
-    from polymux.tracing import decode_flow, parse_protocols
+    from polymux.tracing import DecodedFlow, decode_flow, parse_protocols
 
     try:
         args.protocols = parse_protocols(args.protocol)
@@ -205,9 +246,12 @@ def run(args: argparse.Namespace) -> int:
         seen = 0
         for conn in _connections(args):
             seen += 1
-            flow = decode_flow(
-                conn.chunks, session=conn.session, format=conn.format, how=conn.how, one_way=conn.one_way
-            )
+            if conn.records is not None:
+                flow = DecodedFlow(conn.format, conn.how, None, iter(conn.records))
+            else:
+                flow = decode_flow(
+                    conn.chunks, session=conn.session, format=conn.format, how=conn.how, one_way=conn.one_way
+                )
             if flow.format is None:
                 why = flow.detection.evidence if flow.detection is not None else flow.how
                 print(

@@ -1,12 +1,16 @@
 """Ingest: capture files -> the frames table, decoded inside Spark.
 
 Inputs are raw polymux captures (``*.pmcap.parquet``, written by
-``polymux.tracing.CaptureRecorder``) and packet captures (``*.pcap``, ``*.pcapng``), given
+``polymux.tracing.CaptureRecorder``), frame records (``*.pmframes.parquet``, written by
+``CaptureRecorder(mode="records")``) and packet captures (``*.pcap``, ``*.pcapng``), given
 as files, folders (searched recursively) or glob patterns. Spark reads each file whole
 (``binaryFile``); ``mapInArrow`` decodes it with ``polymux.tracing.decode_chunks`` (the
 ``polymux.wire`` codecs) on the executors, one task per file, so the work is partitioned by
-flow. A session whose capture rotated into several files is decoded in one piece: those
-files (only those) are brought together by session and sorted by sequence number first.
+flow; a frames file is already decoded: its columns are taken as they are (the ingest only
+adds ``seq``, ``credit_before`` and ``detection``, vectorised). A session whose capture
+rotated into several files is taken in one piece: those files (only those) are brought
+together by session and sorted by sequence number first. A frames file whose session's
+raw capture is among the inputs too (``frames=True``) is left out: the bytes are decoded.
 
 Which format: a polymux capture records its own; a packet capture's flow is decoded as the
 format ``protocol`` forces for it (one format for every flow, or ``{pattern: format}`` by
@@ -37,6 +41,7 @@ from polymux.pipeline.schema import EXTRA_FIELDS, FRAME_FIELDS, frames_struct
 
 __all__ = [
     "CAPTURE_SUFFIX",
+    "FRAMES_SUFFIX",
     "PCAP_SUFFIXES",
     "InputFile",
     "ProtocolChoice",
@@ -48,10 +53,13 @@ __all__ = [
 CAPTURE_SUFFIX = ".pmcap.parquet"
 """Raw polymux capture files."""
 
+FRAMES_SUFFIX = ".pmframes.parquet"
+"""Frame records (``CaptureRecorder(mode="records")``, or ``frames=True``)."""
+
 PCAP_SUFFIXES = (".pcap", ".pcapng")
 """Packet capture files (tcpdump, tshark, dumpcap)."""
 
-_ROTATED = re.compile(r"^(?P<session>.+)\.(?P<seq>\d+)\.pmcap\.parquet$")
+_ROTATED = re.compile(r"^(?P<session>.+)\.(?P<seq>\d+)\.pm(?P<kind>cap|frames)\.parquet$")
 _BATCH_ROWS = 65536
 _CREDIT = 9  # index of ``credit`` in a frame record
 _CHANNEL = 5
@@ -71,12 +79,13 @@ class InputFile:
 
 def _classify(path: str) -> InputFile | None:
     name = os.path.basename(path)
-    if name.endswith(CAPTURE_SUFFIX):
+    if name.endswith((CAPTURE_SUFFIX, FRAMES_SUFFIX)):
+        kind = "capture" if name.endswith(CAPTURE_SUFFIX) else "frames"
         match = _ROTATED.match(name)
         if match is None:
-            return InputFile(path, "capture", path, 0)
+            return InputFile(path, kind, path, 0)
         unit = os.path.join(os.path.dirname(path), match["session"])
-        return InputFile(path, "capture", unit, int(match["seq"]))
+        return InputFile(path, kind, unit, int(match["seq"]))
     if name.endswith(PCAP_SUFFIXES):
         return InputFile(path, "pcap", path, 0)
     return None
@@ -87,6 +96,7 @@ def find_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[InputFile]:
     ingest, sorted by path. A named file of another kind, or a pattern or folder with no
     capture in it, raises ``ValueError`` naming it."""
     found: dict[str, InputFile] = {}
+    named: set[str] = set()  # frames files named one by one: taken even beside a capture
     for item in inputs:
         text = os.fspath(item)
         if os.path.isdir(text):
@@ -96,14 +106,18 @@ def find_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[InputFile]:
                 if p.is_file() and (entry := _classify(str(p.resolve()))) is not None
             ]
             if not hits:
-                raise ValueError(f"no capture files (*{CAPTURE_SUFFIX}, *.pcap, *.pcapng) under {text!r}")
+                raise ValueError(
+                    f"no capture files (*{CAPTURE_SUFFIX}, *{FRAMES_SUFFIX}, *.pcap, *.pcapng) under {text!r}"
+                )
         elif os.path.isfile(text):
             entry = _classify(str(Path(text).resolve()))
             if entry is None:
                 raise ValueError(
-                    f"{text!r} is not a capture file (expected *{CAPTURE_SUFFIX}, *.pcap or *.pcapng)"
+                    f"{text!r} is not a capture file (expected *{CAPTURE_SUFFIX}, *{FRAMES_SUFFIX}, "
+                    "*.pcap or *.pcapng)"
                 )
             hits = [entry]
+            named.add(entry.path)
         else:
             matches = sorted(glob.glob(text, recursive=True))
             hits = [e for m in matches if os.path.isfile(m) and (e := _classify(str(Path(m).resolve())))]
@@ -111,7 +125,13 @@ def find_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[InputFile]:
                 raise ValueError(f"no capture files match {text!r}")
         for entry in hits:
             found[entry.path] = entry
-    return [found[p] for p in sorted(found)]
+    # A session recorded with frames=True has both: its bytes are decoded, as always.
+    captured = {f.unit for f in found.values() if f.kind == "capture"}
+    return [
+        found[p]
+        for p in sorted(found)
+        if found[p].kind != "frames" or found[p].unit not in captured or p in named
+    ]
 
 
 # -- executor side -------------------------------------------------------------------------
@@ -124,7 +144,7 @@ by session id (``polymux.tracing.forced_format``), or None (detect)."""
 
 def _sessions(
     rows: Iterable[tuple[str, str, bytes]], protocol: ProtocolChoice
-) -> Iterator[tuple[str, Iterator[Any]]]:
+) -> Iterator[tuple[str, Iterator[Any] | _FramesUnit]]:
     """``(detection, frame records)`` per session (a pcap file gives one per flow)."""
     from polymux import tracing
 
@@ -132,6 +152,14 @@ def _sessions(
     peek = next(iterator, None)
     while peek is not None:
         unit, path, content = peek
+        if path.endswith(FRAMES_SUFFIX):
+            files = [(path, content)]
+            peek = next(iterator, None)
+            while peek is not None and peek[0] == unit:
+                files.append((peek[1], peek[2]))
+                peek = next(iterator, None)
+            yield "recorded in the capture", _FramesUnit(files)
+            continue
         if path.lower().endswith(PCAP_SUFFIXES):
             peek = next(iterator, None)
             try:
@@ -174,24 +202,89 @@ def _sessions(
             peek = next(iterator, None)
 
 
+class _FramesUnit:
+    """The frames files of one session (in sequence order): already its frame records."""
+
+    def __init__(self, files: list[tuple[str, bytes]]) -> None:
+        self.files = files
+
+    def batches(self, schema: pa.Schema, detection: str) -> Iterator[pa.RecordBatch]:
+        """The frames table's batches: the files' columns as they are, plus ``seq``,
+        ``credit_before`` and ``detection``."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from polymux.tracing.capture import frames_metadata
+
+        names = [name for name, _ in FRAME_FIELDS]
+        types = list(schema)[: len(names)]
+        last: dict[str, int] = {}
+        seq = 0
+        for path, content in self.files:
+            try:
+                table = pq.read_table(pa.BufferReader(content))
+                frames_metadata(table.schema, path)
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise ValueError(f"{path}: cannot read the polymux frames file: {exc}") from exc
+            missing = [n for n in names[:-1] if n not in table.column_names]
+            if missing:
+                raise ValueError(f"{path}: frames file is missing column(s) {', '.join(missing)}")
+            for batch in table.to_batches(max_chunksize=_BATCH_ROWS):
+                n = batch.num_rows
+                arrays = [
+                    batch.column(name).cast(field.type)
+                    if name in batch.schema.names
+                    else pa.nulls(n, field.type)  # channel_name: added to version 1 later
+                    for name, field in zip(names, types, strict=True)
+                ]
+                arrays += _extra_columns(
+                    arrays[_CHANNEL], arrays[_CREDIT_DIR], arrays[_CREDIT], last, seq, detection
+                )
+                seq += n
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def _credit_before(
-    channel: Sequence[str],
-    credit_dir: Sequence[str],
-    credit: Sequence[int | None],
-    last: dict[tuple[str, str], int],
+    channel: pa.Array, credit_dir: pa.Array, credit: pa.Array, last: dict[str, int]
 ) -> pa.Array:
     """Per record, the previous credit of its (channel, credit_dir) (null where the record
     has no credit or none came before); ``last`` carries the latest credit per key from
-    block to block of a session. (A plain loop: about 1 us a record, faster than pandas.)"""
+    block to block (and file to file) of a session. Vectorised: the records with a credit
+    are sorted by key (stably), each takes its predecessor's credit; only the first and
+    last record of each key in the block touch Python."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    before: list[int | None] = [None] * len(credit)
-    for i, value in enumerate(credit):
-        if value is not None:
-            key = (channel[i], credit_dir[i])
-            before[i] = last.get(key)
-            last[key] = value
-    return pa.array(before, type=pa.int64())
+    n = len(credit)
+    rows = np.flatnonzero(credit.is_valid().to_numpy(zero_copy_only=False))
+    if not len(rows):
+        return pa.nulls(n, pa.int64())
+    keys = pc.binary_join_element_wise(channel.take(rows), credit_dir.take(rows), "\x00").dictionary_encode()
+    names = keys.dictionary.to_pylist()
+    codes = keys.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    by_key = codes[order]
+    values = credit.take(rows).to_numpy(zero_copy_only=False).astype(np.int64)[order]
+    starts = np.ones(len(by_key), dtype=bool)
+    starts[1:] = by_key[1:] != by_key[:-1]
+    ends = np.ones(len(by_key), dtype=bool)
+    ends[:-1] = starts[1:]
+    before = np.zeros(len(by_key), dtype=np.int64)
+    before[1:] = values[:-1]
+    known = ~starts
+    for k in np.flatnonzero(starts):
+        previous = last.get(names[by_key[k]])
+        if previous is not None:
+            before[k] = previous
+            known[k] = True
+    for k in np.flatnonzero(ends):
+        last[names[by_key[k]]] = int(values[k])
+    out = np.zeros(n, dtype=np.int64)
+    mask = np.ones(n, dtype=bool)
+    out[rows[order]] = before
+    mask[rows[order]] = ~known
+    return pa.array(out, mask=mask)
 
 
 def decode_units(
@@ -204,28 +297,47 @@ def decode_units(
     order; their chunks are decoded as one stream. No Spark here: the executors run it
     inside ``mapInArrow``, and it can run on its own.
     """
-    import numpy as np
     import pyarrow as pa
 
     schema = _arrow_schema()
-    fields = list(schema)
+    record_type = pa.struct(list(schema)[: len(FRAME_FIELDS)])
     for detection, records in _sessions(rows, protocol):
-        last: dict[tuple[str, str], int] = {}
+        if isinstance(records, _FramesUnit):
+            yield from records.batches(schema, detection)
+            continue
+        last: dict[str, int] = {}
         seq = 0
         while block := list(itertools.islice(records, _BATCH_ROWS)):
-            columns: list[Any] = list(zip(*block, strict=True))
-            before = _credit_before(columns[_CHANNEL], columns[_CREDIT_DIR], columns[_CREDIT], last)
-            arrays = [pa.array(col, type=field.type) for col, field in zip(columns, fields, strict=False)]
-            arrays.append(pa.array(np.arange(seq, seq + len(block), dtype=np.int64)))
-            arrays.append(before)
-            # On the session's first record only: a long text on every record costs time
-            # and memory for nothing (the reports take it per session).
-            if seq:
-                arrays.append(pa.nulls(len(block), pa.string()))
-            else:
-                arrays.append(pa.array([detection], pa.string()).take([0] + [None] * (len(block) - 1)))
-            seq += len(block)
+            n = len(block)
+            # One pass in C over the records (tuples): a struct array, then its columns.
+            arrays = list(pa.array(block, type=record_type).flatten())
+            arrays += _extra_columns(
+                arrays[_CHANNEL], arrays[_CREDIT_DIR], arrays[_CREDIT], last, seq, detection
+            )
+            seq += n
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _extra_columns(
+    channel: pa.Array, credit_dir: pa.Array, credit: pa.Array, last: dict[str, int], seq: int, detection: str
+) -> list[pa.Array]:
+    """``seq``, ``credit_before`` and ``detection`` of a block of a session's records
+    (``seq``: the block's first record's)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(credit)
+    # The detection on the session's first record only: a long text on every record
+    # costs time and memory for nothing (the reports take it per session).
+    if seq:
+        shown = pa.nulls(n, pa.string())
+    else:
+        shown = pa.array([detection], pa.string()).take(pa.array([0] + [None] * (n - 1), pa.int32()))
+    return [
+        pa.array(np.arange(seq, seq + n, dtype=np.int64)),
+        _credit_before(channel, credit_dir, credit, last),
+        shown,
+    ]
 
 
 def _arrow_schema() -> pa.Schema:
@@ -293,8 +405,8 @@ def ingest(
         if rotated:
             # the session part of <session>.<seq>.pmcap.parquet, and the sequence number
             table = raw.select(
-                F.regexp_extract("path", r"^(.*)\.\d+\.pmcap\.parquet$", 1).alias("unit"),
-                F.regexp_extract("path", r"\.(\d+)\.pmcap\.parquet$", 1).cast("long").alias("seq"),
+                F.regexp_extract("path", r"^(.*)\.\d+\.pm(?:cap|frames)\.parquet$", 1).alias("unit"),
+                F.regexp_extract("path", r"\.(\d+)\.pm(?:cap|frames)\.parquet$", 1).cast("long").alias("seq"),
                 "path",
                 "content",
             )

@@ -13,19 +13,28 @@ through a fresh codec, a frame at a time, which gives every frame's end exactly.
 codec raises, the shortest prefix that makes a fresh codec raise is found by bisection,
 and the bad frame starts after the last complete frame before it. Memory per direction is bounded by the
 codec's largest frame.
+
+The live path (:meth:`FrameDecoder.feed_parts`, what ``CaptureRecorder(mode="records")``
+runs on the event loop) walks frame headers itself where the format's tracker knows their
+common shapes (:meth:`_Tracker.fast_header`): a data frame's payload is skipped, never
+copied (only its first ``payload_prefix`` bytes are kept), whatever views it arrives in;
+anything else (a handshake, an unusual encoding, a malformed header) goes to the codec
+from that frame on, so verdicts and error messages are the codec's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from polymux import formats
+from polymux._types import BytesLike
 from polymux.engine.flow import SendCredit
 from polymux.engine.omnistreams import decode_metadata
 from polymux.exceptions import ProtocolError
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord
-from polymux.wire._varint import uvarint_size
+from polymux.wire._varint import Incomplete, read_uvarint, uvarint_size
 
 
 __all__ = ["FrameDecoder", "decode_chunks"]
@@ -33,8 +42,35 @@ __all__ = ["FrameDecoder", "decode_chunks"]
 _OTHER = {C2S: S2C, S2C: C2S}
 _PREFIX = {C2S: "c", S2C: "s"}  # who opened a channel: the client or the server
 
+_new_record = tuple.__new__
+"""Builds a :class:`FrameRecord` from a tuple of its 14 fields, without the NamedTuple's
+own ``__new__`` (a Python function: 4x slower, and records are built once per frame)."""
+
 MAX_HELD = 16 * 1024 * 1024
 """Bytes a direction may hold before it can be decoded (Streamux before negotiation)."""
+
+
+class _Elided:
+    """A data frame's payload of which only the first bytes were kept (the live path):
+    ``len()`` is the payload's length, ``bytes()`` the kept bytes."""
+
+    __slots__ = ("head", "length")
+
+    def __init__(self, head: bytes, length: int) -> None:
+        self.head = head
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __bytes__(self) -> bytes:
+        return self.head
+
+
+FastHeader = tuple[int, int, bool, tuple[Any, ...]]
+"""What :meth:`_Tracker.fast_header` returns for a frame it knows: ``(header length,
+payload length, data, fields)``; ``data``: the payload is application data (only a prefix
+is kept); ``fields`` go to :meth:`_Tracker.fast_item`."""
 
 
 class _Codec(Protocol):
@@ -58,16 +94,41 @@ class _Violation(Exception):
 class _Direction:
     """Decoding state of one direction."""
 
-    __slots__ = ("boundary", "codec", "fed", "last_time", "name", "stopped", "tail")
+    __slots__ = (
+        "boundary",
+        "codec",
+        "fast",
+        "fed",
+        "frame",
+        "hold",
+        "keep",
+        "kept",
+        "last_time",
+        "name",
+        "skip",
+        "stopped",
+        "tail",
+    )
 
-    def __init__(self, name: str, codec: _Codec) -> None:
+    def __init__(self, name: str, codec: _Codec, fast: bool) -> None:
         self.name = name
         self.codec = codec
-        self.fed = 0  # stream offset just past the bytes fed to the codec
+        self.fed = 0  # stream offset just past the bytes fed to the codec (or walked)
         self.boundary = 0  # stream offset just past the last complete frame
         self.tail = bytearray()  # the bytes from boundary to fed (what the codec holds)
         self.stopped = False
         self.last_time = 0
+        # The live path (FrameDecoder.feed_parts): ``fast`` while the codec holds nothing
+        # and the tracker walks headers itself; ``hold``: the start of a header cut by the
+        # end of a part; ``frame``: (size, payload length, data, fields) of the frame being
+        # walked, ``skip`` its payload bytes still to come, ``kept`` the payload bytes kept
+        # so far and ``keep`` how many more to keep.
+        self.fast = fast
+        self.hold: bytearray | None = None
+        self.frame: tuple[int, int, bool, tuple[Any, ...]] | None = None
+        self.skip = 0
+        self.keep = 0
+        self.kept = bytearray()
 
 
 class _Tracker:
@@ -97,6 +158,63 @@ class _Tracker:
         """What an unfinished direction was in the middle of."""
         return "frame"
 
+    # The live path (optional per format): walk frame headers without the codec.
+
+    MAX_HEAD = 0
+    """The longest header :meth:`fast_header` reads (0: no live path, the codec decodes)."""
+
+    def fast_header(self, direction: str, buf: Any, pos: int, end: int) -> FastHeader | bool | None:
+        """The frame at ``buf[pos:end]``, if its header has a shape this tracker knows and
+        the codec would accept: a :data:`FastHeader`; ``None`` if the header is cut short
+        (``end`` comes first, with fewer than :attr:`MAX_HEAD` bytes); ``False`` for
+        anything else (the codec takes over from this frame)."""
+        return False
+
+    def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
+        """The codec's item for a walked frame: ``fields`` from :meth:`fast_header`, the
+        whole payload (``bytes``), or an :class:`_Elided` one for data frames."""
+        raise NotImplementedError
+
+    def fast_record(
+        self,
+        direction: str,
+        fields: tuple[Any, ...],
+        data: bool,
+        length: int,
+        kept: bytes,
+        offset: int,
+        time_ns: int,
+    ) -> FrameRecord | None:
+        """The one record of a walked frame of the most common kinds (plain data of
+        ``length`` payload bytes; a credit grant, ``kept`` its whole payload), or ``None``
+        (having changed no state) when the frame needs :meth:`records` (it opens or ends a
+        channel, breaks the credit ...). The bulk of a capture goes this way."""
+        return None
+
+    def payload(self, item: Any) -> Any:
+        """The payload of a decoded item (for the records' payload prefix)."""
+        return b""
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        """Records of the whole frames from ``buf[pos:]`` on (``offset``: the stream offset
+        of ``pos``) as long as they are of the most common kinds, each exactly as
+        :meth:`records` would give it (and its payload prefix, when ``payloads`` is given):
+        one loop over many frames, for chunks that hold many. Returns where it stopped (at
+        a frame boundary: a frame it leaves to the general path, or one not whole in
+        ``buf``)."""
+        return pos
+
     # helpers
 
     def rec(
@@ -115,21 +233,26 @@ class _Tracker:
     ) -> FrameRecord:
         if self.decoder.one_way:
             credit, credit_dir = None, ""
-        return FrameRecord(
-            self.decoder.session,
-            direction,
-            time_ns,
-            self.fmt,
-            offset,
-            channel,
-            frame_type,
-            length,
-            flags,
-            credit,
-            credit_dir,
-            ping_id,
-            error,
-            self.channel_names.get(channel) if channel else None,
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function, 4x slower, and
+        # this runs once per frame
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session,
+                direction,
+                time_ns,
+                self.fmt,
+                offset,
+                channel,
+                frame_type,
+                length,
+                flags,
+                credit,
+                credit_dir,
+                ping_id,
+                error,
+                self.channel_names.get(channel) if channel else None,
+            ),
         )
 
 
@@ -164,6 +287,119 @@ class _YamuxTracker(_Tracker):
     def size(self, item: Any) -> int:
         return 12 + (len(item.body) if item.type == 0 else 0)
 
+    MAX_HEAD = 12
+
+    def fast_header(self, direction: str, buf: Any, pos: int, end: int) -> FastHeader | bool | None:
+        if end - pos < 12:
+            return None
+        version, type_, flags, sid, length = self.wire.HEADER.unpack_from(buf, pos)
+        if version or type_ > 3:
+            return False
+        if type_:
+            return 12, 0, False, (type_, flags, sid, length)
+        if length > self.MAX_DATA:
+            return False
+        return 12, length, True, (0, flags, sid, length)
+
+    def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
+        type_, flags, sid, length = fields
+        return self.wire.Frame(type_, flags, sid, length, payload)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # plain Data frames (their sender's credit) and plain WindowUpdates (the other's)
+        if self.decoder.one_way:
+            return pos
+        unpack = self.wire.HEADER.unpack_from
+        credits = self.credit
+        other = _OTHER[direction]
+        session = self.decoder.session
+        fmt = self.fmt
+        append = out.append
+        base = offset - pos
+        max_data = self.MAX_DATA
+        new = _new_record
+        record_type = FrameRecord
+        mine: dict[int, tuple[_Credit, str]] = {}  # stream id -> (credit, key), for this run
+        theirs: dict[int, tuple[_Credit, str]] = {}
+        while end - pos >= 12:
+            version, type_, flags, sid, length = unpack(buf, pos)
+            if version or flags or type_ > 1 or not sid or not length:
+                break
+            if type_:
+                entry = theirs.get(sid)
+                if entry is None:
+                    credit = credits.get((sid, other))
+                    if credit is None:
+                        break
+                    entry = theirs[sid] = (credit, str(sid))
+                credit, channel = entry
+                credit.window += length
+                left = (credit.window or 0) - credit.in_flight
+                append(new(record_type, (session, direction, time_ns, fmt, base + pos, channel, "window_update", length, 0, left, other, None, None, None)))  # fmt: skip
+                if payloads is not None:
+                    payloads.append(b"")
+                pos += 12
+                continue
+            stop = pos + 12 + length
+            if stop > end or length > max_data:
+                break
+            entry = mine.get(sid)
+            if entry is None:
+                credit = credits.get((sid, direction))
+                if credit is None:
+                    break
+                entry = mine[sid] = (credit, str(sid))
+            credit, channel = entry
+            left = (credit.window or 0) - credit.in_flight - length
+            if left < 0:
+                break
+            credit.in_flight += length
+            append(new(record_type, (session, direction, time_ns, fmt, base + pos, channel, "data", length, 0, left, direction, None, None, None)))  # fmt: skip
+            if payloads is not None:
+                payloads.append(bytes(buf[pos + 12 : pos + 12 + min(prefix, length)]))
+            pos = stop
+        return pos
+
+    def fast_record(
+        self,
+        direction: str,
+        fields: tuple[Any, ...],
+        data: bool,
+        length: int,
+        kept: bytes,
+        offset: int,
+        time_ns: int,
+    ) -> FrameRecord | None:
+        sid = fields[2]
+        credit = self.credit.get((sid, direction))
+        if not data or not length or fields[1] or credit is None or self.decoder.one_way:
+            return None
+        left = credit.left - length
+        if left < 0:
+            return None
+        credit.in_flight += length
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session, direction, time_ns, self.fmt, offset, str(sid), "data",
+                length, 0, left, direction, None, None, None,
+            ),
+        )  # fmt: skip
+
+    def payload(self, item: Any) -> Any:
+        return item.body
+
     def _credit(self, sid: int, direction: str) -> _Credit:
         c = self.credit.get((sid, direction))
         if c is None:
@@ -190,10 +426,10 @@ class _YamuxTracker(_Tracker):
             left = self._charge(sid, direction, length, [])
             dec = self.decoder
             return [
-                FrameRecord(
+                _new_record(FrameRecord, (
                     dec.session, direction, time_ns, self.fmt, offset, str(sid), "data", length, 0,
                     left, direction, None, None, None,
-                )
+                ))
             ]  # fmt: skip
         rec = self.rec
         if type_ == 2:  # ping
@@ -266,9 +502,240 @@ class _MStreamTracker(_Tracker):
         self.handshaken: set[str] = set()
         self.credit: dict[tuple[str, str], _Credit] = {}
         self.default_window = 5 * mstream.MAX_PAYLOAD  # engine/mstream.DEFAULT_REMOTE_WINDOW
+        self.max_payload = mstream.MAX_PAYLOAD
+        self._v1 = struct.Struct(">BiH")  # the v1 header: code, channel id, payload length
+        self._sources = {0x01: 1, 0x00: 0, 0xFF: -1}  # v3 source fixints
 
     def codec(self, direction: str) -> _Codec:
         return self.wire.Decoder(self.version, handshake=direction not in self.handshaken)
+
+    MAX_HEAD = 3 + 9 + 9 + 9 + 5  # the longest v2/v3 header (any integer width, bin32)
+
+    def fast_header(self, direction: str, buf: Any, pos: int, end: int) -> FastHeader | bool | None:
+        version = self.version
+        if version != 3 and direction not in self.handshaken:
+            return False  # the handshake: the codec's
+        avail = end - pos
+        if version == 1:
+            if avail < 7:
+                return None
+            code, cid, length = self._v1.unpack_from(buf, pos)
+            if length > self.max_payload or cid < 0:
+                return False
+            return 7, length, code == 2, (code, cid, None)
+        # v2/v3: msgpack arrays of positive fixints ([code], [code, id(, source)]), ids up
+        # to uint16, and a bin8/bin16 payload; other encodings are legal but the codec's.
+        # None only while every byte seen fits such a header: the codec may reject the
+        # frame from its first bytes, and must then do so at the same chunk.
+        if not avail:
+            return None
+        first = buf[pos]
+        v3 = version == 3
+        full = 0x94 if v3 else 0x93
+        if first != full and first != full - 1 and first != 0x91:
+            return False
+        if avail < 2:
+            return None
+        code = buf[pos + 1]
+        if code >= 0x80:
+            return False
+        if first == 0x91:
+            return 2, 0, False, (code, None, None)
+        at = pos + 2
+        if at >= end:
+            return None
+        cid = buf[at]
+        at += 1
+        if cid >= 0x80 and cid != 0xCC and cid != 0xCD:
+            return False
+        if cid >= 0x80:
+            if cid == 0xCC:
+                if at + 1 > end:
+                    return None
+                cid = buf[at]
+                at += 1
+            elif cid == 0xCD:
+                if at + 2 > end:
+                    return None
+                cid = buf[at] << 8 | buf[at + 1]
+                at += 2
+            else:
+                return False
+        source = None
+        if v3:
+            if at >= end:
+                return None
+            source = self._sources.get(buf[at])
+            if source is None:
+                return False
+            at += 1
+        if first != full:
+            return at - pos, 0, False, (code, cid, source)
+        if at + 1 > end:
+            return None
+        kind = buf[at]
+        if kind != 0xC4 and kind != 0xC5:
+            return False
+        if kind == 0xC4:
+            if at + 2 > end:
+                return None
+            length = buf[at + 1]
+            at += 2
+        elif kind == 0xC5:
+            if at + 3 > end:
+                return None
+            length = buf[at + 1] << 8 | buf[at + 2]
+            at += 3
+        else:
+            return False
+        if length > self.max_payload:
+            return False
+        return at - pos, length, code == 2, (code, cid, source)
+
+    def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
+        code, cid, source = fields
+        return self.wire.Frame(code, cid, payload, source)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # v3 frames of the shape every peer sends in bulk: [code, id, source, bin8/16] with
+        # fixints, Content (code 2) and ContentProcessed (code 5) of a channel we track
+        if self.version != 3 or self.decoder.one_way:
+            return pos
+        credits = self.credit
+        other = _OTHER[direction]
+        session = self.decoder.session
+        fmt = self.fmt
+        names = self.channel_names
+        append = out.append
+        base = offset - pos
+        opener = {1: _PREFIX[direction], -1: _PREFIX[other]}
+        sources = self._sources
+        while end - pos >= 6 and buf[pos] == 0x94:
+            code = buf[pos + 1]
+            cid = buf[pos + 2]
+            source = sources.get(buf[pos + 3])
+            kind = buf[pos + 4]
+            if cid >= 0x80 or not source or (code != 2 and code != 5):
+                break
+            if kind == 0xC5:
+                length = buf[pos + 5] << 8 | buf[pos + 6] if end - pos >= 7 else -1
+                at = pos + 7
+            elif kind == 0xC4:
+                length = buf[pos + 5]
+                at = pos + 6
+            else:
+                break
+            stop = at + length
+            if length < 0 or stop > end or length > self.max_payload:
+                break
+            channel = f"{opener[source]}{cid}"
+            if code == 2:
+                credit = credits.get((channel, direction))
+                if credit is None or credit.left < length:
+                    break
+                credit.in_flight += length
+                record = _new_record(
+                    FrameRecord,
+                    (
+                        session, direction, time_ns, fmt, base + pos, channel, "data", length, 2,
+                        credit.left, direction, None, None, names.get(channel),
+                    ),
+                )  # fmt: skip
+                kept = bytes(buf[at : at + min(prefix, length)]) if payloads is not None else b""
+            else:
+                kept = bytes(buf[at:stop])
+                record = self._fast_processed(direction, channel, kept, base + pos, time_ns)  # type: ignore[assignment]
+                if record is None:
+                    break
+                kept = kept[:prefix]
+            append(record)
+            if payloads is not None:
+                payloads.append(kept)
+            pos = stop
+        return pos
+
+    def _fast_processed(
+        self, direction: str, channel: str, payload: bytes, offset: int, time_ns: int
+    ) -> FrameRecord | None:
+        """A ContentProcessed whose payload is msgpack ``[uint]`` in its shortest form."""
+        n = len(payload)
+        if self.version < 2 or self.decoder.one_way or n < 2 or payload[0] != 0x91:
+            return None
+        b = payload[1]
+        if b < 0x80 and n == 2:
+            processed = b
+        elif b == 0xCD and n == 4:
+            processed = payload[2] << 8 | payload[3]
+        elif b == 0xCE and n == 6:
+            processed = int.from_bytes(payload[2:6], "big")
+        else:
+            return None
+        other = _OTHER[direction]
+        grant = self.credit.get((channel, other))
+        if grant is None or processed > grant.in_flight:
+            return None
+        grant.in_flight -= processed
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session, direction, time_ns, self.fmt, offset, channel, "window_update",
+                processed, 5, grant.left, other, None, None, self.channel_names.get(channel),
+            ),
+        )  # fmt: skip
+
+    def fast_record(
+        self,
+        direction: str,
+        fields: tuple[Any, ...],
+        data: bool,
+        length: int,
+        kept: bytes,
+        offset: int,
+        time_ns: int,
+    ) -> FrameRecord | None:
+        code, cid, source = fields
+        if not (data and length) and code != 5:
+            return None
+        if self.version != 3:
+            channel = str(cid)
+        elif source == 0:
+            channel = f"seed{cid}"
+        else:
+            channel = f"{_PREFIX[direction if source == 1 else _OTHER[direction]]}{cid}"
+        if code == 5:  # ContentProcessed: credit given back to the other direction
+            return self._fast_processed(direction, channel, kept, offset, time_ns)
+        left: int | None = None
+        credit_dir = ""
+        if self.version >= 2 and not self.decoder.one_way:
+            credit = self.credit.get((channel, direction))
+            if credit is None or credit.left < length:
+                return None
+            credit.in_flight += length
+            left = credit.left
+            credit_dir = direction
+        elif self.version >= 2:
+            return None
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session, direction, time_ns, self.fmt, offset, channel, "data", length, 2,
+                left, credit_dir, None, None, self.channel_names.get(channel),
+            ),
+        )  # fmt: skip
+
+    def payload(self, item: Any) -> Any:
+        return b"" if isinstance(item, self.wire.Handshake) else item.payload
 
     def size(self, item: Any) -> int:
         wire = self.wire
@@ -424,6 +891,123 @@ class _MplexTracker(_Tracker):
     def size(self, item: Any) -> int:
         n = len(item.body)
         return uvarint_size(item.stream_id << 3 | item.flag) + uvarint_size(n) + n
+
+    MAX_HEAD = 18  # two 9-byte varints
+
+    def fast_header(self, direction: str, buf: Any, pos: int, end: int) -> FastHeader | bool | None:
+        # In the codec's order (a bad flag is rejected before the length is read).
+        try:
+            head, at = read_uvarint(buf, pos, end, 9)
+            flag = head & 7
+            if flag == 7:
+                return False
+            length, at = read_uvarint(buf, at, end, 9)
+        except Incomplete as incomplete:
+            incomplete.__traceback__ = None  # a shared instance: keep no frames alive
+            return None
+        except ValueError:
+            return False
+        if length > self.max_size:
+            return False
+        return at - pos, length, flag == 1 or flag == 2, (head >> 3, flag)
+
+    def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
+        return self.wire.Frame(fields[0], fields[1], payload)
+
+    def fast_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        out: list[FrameRecord],
+        payloads: list[bytes | None] | None,
+        prefix: int,
+    ) -> int:
+        # Message frames with a one-byte header (ids < 16) and a length of 1-3 bytes
+        session = self.decoder.session
+        fmt = self.fmt
+        current = self.names.current
+        names = self.channel_names
+        append = out.append
+        base = offset - pos
+        limit = self.max_size
+        other = _OTHER[direction]
+        while end - pos >= 3:
+            h = buf[pos]
+            flag = h & 7
+            if h >= 0x80 or (flag != 1 and flag != 2):
+                break
+            b1 = buf[pos + 1]
+            if b1 < 0x80:
+                length = b1
+                at = pos + 2
+            elif buf[pos + 2] < 0x80:
+                length = (b1 & 0x7F) | buf[pos + 2] << 7
+                at = pos + 3
+            elif end - pos >= 4 and buf[pos + 3] < 0x80:
+                length = (b1 & 0x7F) | (buf[pos + 2] & 0x7F) << 7 | buf[pos + 3] << 14
+                at = pos + 4
+            else:
+                break
+            stop = at + length
+            if stop > end or length > limit or not length:
+                break
+            key = f"{_PREFIX[direction if flag == 2 else other]}{h >> 3}"
+            channel = current.get(key, key)
+            record = _new_record(
+                FrameRecord,
+                (
+                    session,
+                    direction,
+                    time_ns,
+                    fmt,
+                    base + pos,
+                    channel,
+                    "data",
+                    length,
+                    flag,
+                    None,
+                    "",
+                    None,
+                    None,
+                    names.get(channel),
+                ),
+            )  # fmt: skip
+            append(record)
+            if payloads is not None:
+                payloads.append(bytes(buf[at : at + min(prefix, length)]))
+            pos = stop
+        return pos
+
+    def fast_record(
+        self,
+        direction: str,
+        fields: tuple[Any, ...],
+        data: bool,
+        length: int,
+        kept: bytes,
+        offset: int,
+        time_ns: int,
+    ) -> FrameRecord | None:
+        if not data:
+            return None
+        sid, flag = fields
+        opener = direction if flag % 2 == 0 else _OTHER[direction]
+        key = f"{_PREFIX[opener]}{sid}"
+        channel = self.names.current.get(key, key)
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session, direction, time_ns, self.fmt, offset, channel, "data", length, flag,
+                None, "", None, None, self.channel_names.get(channel),
+            ),
+        )  # fmt: skip
+
+    def payload(self, item: Any) -> Any:
+        return item.body
 
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         flag = item.flag
@@ -607,6 +1191,9 @@ class _StreamuxTracker(_Tracker):
         if state[0] and state[1]:
             del self.open[key]
 
+    def payload(self, item: Any) -> Any:
+        return b"" if isinstance(item, _StreamuxInit) else item.payload
+
     def truncated_detail(self, direction: str) -> str:
         if direction not in self.inits:
             return "initialize message"
@@ -654,6 +1241,65 @@ class _OmniTracker(_Tracker):
 
     def size(self, item: Any) -> int:
         return 4 + 1 + (0 if item.stream_id is None else 1) + len(item.payload)
+
+    MAX_HEAD = 6  # length prefix, type byte, stream id
+
+    def fast_header(self, direction: str, buf: Any, pos: int, end: int) -> FastHeader | bool | None:
+        wire = self.wire
+        if end - pos < 4:
+            return None
+        size = buf[pos] << 24 | buf[pos + 1] << 16 | buf[pos + 2] << 8 | buf[pos + 3]
+        if size == 0 or size > wire.MAX_MESSAGE_SIZE:
+            return False  # the codec refuses the prefix at once
+        if end - pos < 5:
+            return None
+        kind = self.numbering.by_code.get(buf[pos + 4])
+        if kind is None:
+            return False
+        K = wire.Kind
+        if kind is K.CONTROL:
+            return 5, size - 1, False, (kind, None)
+        if size < 2:
+            return False
+        if end - pos < 6:
+            return None
+        n = size - 2
+        if (kind is K.REQUEST_DATA and n != 1) or (n and kind in (K.END, K.CANCEL_RECEIVE, K.CANCEL_SEND)):
+            return False
+        return 6, n, kind is K.DATA, (kind, buf[pos + 5])
+
+    def fast_item(self, fields: tuple[Any, ...], payload: Any) -> Any:
+        return self.wire.Message(fields[0], fields[1], payload)
+
+    def fast_record(
+        self,
+        direction: str,
+        fields: tuple[Any, ...],
+        data: bool,
+        length: int,
+        kept: bytes,
+        offset: int,
+        time_ns: int,
+    ) -> FrameRecord | None:
+        if not data:
+            return None
+        key = f"{_PREFIX[direction]}{fields[1]}"
+        channel = self.names.current.get(key, key)
+        credit = self.credit.get(channel)
+        if credit is None or credit.left < 1 or self.decoder.one_way:
+            return None
+        credit.in_flight += 1
+        return _new_record(
+            FrameRecord,
+            (
+                self.decoder.session, direction, time_ns, self.fmt, offset, channel, "data", length,
+                self.numbering.codes[fields[0]], credit.left, direction, None, None,
+                self.channel_names.get(channel),
+            ),
+        )  # fmt: skip
+
+    def payload(self, item: Any) -> Any:
+        return item.payload
 
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         kind = item.kind
@@ -724,6 +1370,9 @@ class _CodecTracker(_Tracker):
     def size(self, item: Any) -> int:
         return int(self.wire.trace_frame(self.fmt, item)[0])
 
+    def payload(self, item: Any) -> Any:
+        return getattr(item, "body", b"")  # the codec's frame type: a body, or nothing to keep
+
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         _size, channel, frame_type, length, flags = self.wire.trace_frame(self.fmt, item)
         key = "" if channel is None else str(channel)
@@ -745,17 +1394,36 @@ class FrameDecoder:
         one_way: only one direction was captured: credit is not tracked (``None``, no
             flow-control violations), and Streamux assumes the other side's initialize
             message equalled this side's.
+        payload_prefix: keep the first bytes of each frame's payload, at most this many
+            (:meth:`take_payloads`); ``None``: keep none.
+        codec_only: decode every frame with the codec, never walking headers (the
+            reference the walk is tested against; slower, same records).
     """
 
-    def __init__(self, format: str, *, session: str, one_way: bool = False) -> None:
+    def __init__(
+        self,
+        format: str,
+        *,
+        session: str,
+        one_way: bool = False,
+        payload_prefix: int | None = None,
+        codec_only: bool = False,
+    ) -> None:
+        if payload_prefix is not None and payload_prefix < 0:
+            raise ValueError(f"payload_prefix must be >= 0, got {payload_prefix}")
         self.format = format
         self.session = session
         self.one_way = one_way
         self._tracker = _tracker_class(format)(self)
-        self._dirs = {name: _Direction(name, self._tracker.codec(name)) for name in (C2S, S2C)}
+        fast = self._tracker.MAX_HEAD > 0 and not codec_only
+        self._walks = fast
+        self._dirs = {name: _Direction(name, self._tracker.codec(name), fast) for name in (C2S, S2C)}
         self._out: list[FrameRecord] = []
         self._to_release: list[str] = []
         self._time = 0
+        self._prefix = payload_prefix
+        self._payloads: list[bytes | None] | None = None if payload_prefix is None else []
+        self._taken = 0  # records whose payloads take_payloads() has handed out
 
     def feed(self, chunk: Chunk) -> list[FrameRecord]:
         """Decode one ``(time_ns, direction, data)`` chunk; return the new records."""
@@ -766,12 +1434,59 @@ class FrameDecoder:
         self._time = time_ns
         if not d.stopped and data:
             d.last_time = time_ns
-            self._feed(d, bytes(data), time_ns)
-            while self._to_release:
-                other = self._dirs[self._to_release.pop()]
-                if not other.stopped and other.fed > other.boundary:
-                    self._feed(other, b"", time_ns)
-        out, self._out = self._out, []
+            if self._walks:
+                self._walk(d, (data,), time_ns)
+            else:
+                self._feed(d, bytes(data), time_ns)
+            self._release_held(time_ns)
+        return self._take()
+
+    def feed_parts(self, time_ns: int, direction: str, parts: Sequence[BytesLike]) -> list[FrameRecord]:
+        """Decode bytes of one direction given as parts (a batch the session wrote, or a
+        chunk it received), all at ``time_ns``; return the new records.
+
+        The live path: a data frame's payload is never copied, whatever views it arrives
+        in (its first ``payload_prefix`` bytes are kept), for formats whose tracker walks
+        headers; the others, and anything unusual, go through the codec as in :meth:`feed`.
+        """
+        d = self._dirs.get(direction)
+        if d is None:
+            raise ValueError(f"chunk direction must be 'c2s' or 's2c', got {direction!r}")
+        self._time = time_ns
+        if not d.stopped:
+            self._walk(d, parts, time_ns)
+            if self._to_release:
+                self._release_held(time_ns)
+        return self._take()
+
+    def take_payloads(self) -> list[bytes | None]:
+        """With ``payload_prefix`` set: the payload prefixes of the records returned since
+        the last call, in the same order (``None`` where a record has none: one record per
+        frame carries them, the ``data`` one if the frame has one, else its first)."""
+        payloads = self._payloads
+        if payloads is None:
+            raise ValueError("FrameDecoder: no payload_prefix was given")
+        out = payloads[: self._taken]
+        del payloads[: self._taken]
+        self._taken = 0
+        return out
+
+    def _release_held(self, time_ns: int) -> None:
+        while self._to_release:
+            other = self._dirs[self._to_release.pop()]
+            if not other.stopped and other.fed > other.boundary:
+                self._feed(other, b"", time_ns)
+
+    def _take(self) -> list[FrameRecord]:
+        out = self._out
+        if not out:
+            return []
+        self._out = []
+        payloads = self._payloads
+        if payloads is not None:
+            self._taken += len(out)
+            if len(payloads) < self._taken:
+                payloads += [None] * (self._taken - len(payloads))
         return out
 
     def finish(self) -> list[FrameRecord]:
@@ -796,8 +1511,7 @@ class FrameDecoder:
                     )
                 )
             d.stopped = True
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -829,24 +1543,240 @@ class FrameDecoder:
         d.boundary = consumed
         self._emit(d, items, sizes, start, time_ns)
 
+    def _walk(self, d: _Direction, parts: Sequence[BytesLike], time_ns: int) -> None:
+        """The live path over parts of one direction: walk the frames whose headers the
+        tracker knows, skipping data payloads; hand the codec the rest (from a frame
+        boundary on) and take over again once it holds nothing. The hot loop of
+        frame-record capture, written for few Python calls per frame: a frame whose
+        record :meth:`_Tracker.fast_record` gives costs one header parse and that call."""
+        tracker = self._tracker
+        head = tracker.fast_header
+        fast_record = tracker.fast_record
+        run = tracker.fast_run
+        runs = 2 * tracker.MAX_HEAD  # a part with more than this may hold several frames
+        name = d.name
+        prefix = self._prefix or 0
+        out = self._out
+        payloads = self._payloads
+        count = len(parts)
+        i = 0
+        while i < count:
+            part = parts[i]
+            i += 1
+            end = len(part)
+            if not end:
+                continue
+            d.last_time = time_ns
+            pos = 0
+            while pos < end:
+                if d.skip:  # inside a walked frame's payload
+                    skip = d.skip
+                    take = skip if skip < end - pos else end - pos  # noqa: FURB136 - no call in the hot loop
+                    if d.keep:
+                        k = d.keep if d.keep < take else take  # noqa: FURB136
+                        d.kept += part[pos : pos + k]  # (a few bytes of a data payload)
+                        d.keep -= k
+                    pos += take
+                    d.fed += take
+                    d.skip = skip - take
+                    if take == skip:
+                        size, payload_len, data, fields = d.frame  # type: ignore[misc]
+                        d.frame = None
+                        kept = bytes(d.kept)
+                        record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
+                        if record is None:
+                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                            if d.stopped:
+                                return
+                            continue
+                        d.boundary += size
+                        out.append(record)
+                        if payloads is not None:
+                            if len(payloads) == self._taken + len(out) - 1:
+                                payloads.append(kept[:prefix])
+                            else:
+                                self._attach(len(out) - 1, kept[:prefix])
+                    continue
+                if not d.fast:  # the codec's turn: it holds part of a frame, or the format is its
+                    rest = part[pos:] if pos else part
+                    self._feed(d, rest if type(rest) is bytes else bytes(rest), time_ns)
+                    d.fast = self._walks and not d.stopped and d.codec.pending == 0
+                    if d.stopped:
+                        return
+                    break
+                # a frame boundary (or a header begun in an earlier part)
+                hold = d.hold
+                if hold is None:
+                    if end - pos > runs:  # many frames here, perhaps: one loop over them
+                        if payloads is not None and len(payloads) < self._taken + len(out):
+                            payloads += [None] * (self._taken + len(out) - len(payloads))
+                        stop = run(name, part, pos, end, d.boundary, time_ns, out, payloads, prefix)
+                        if stop != pos:
+                            d.boundary += stop - pos
+                            d.fed += stop - pos
+                            pos = stop
+                            continue
+                    found = head(name, part, pos, end)
+                    if found is None:  # the header goes on in the next part
+                        d.hold = bytearray(part[pos:])
+                        d.fed += end - pos
+                        break
+                    if found is False:
+                        d.fast = False
+                        continue
+                    header_len, payload_len, data, fields = found  # type: ignore[misc]
+                    at = pos + header_len
+                    whole = at + payload_len <= end  # the whole frame is in this part
+                    if whole or (at == end and i < count and len(parts[i]) == payload_len):
+                        # (or its payload is the next part: a batch the session wrote)
+                        if whole:
+                            pos = at + payload_len
+                            body = part[at:pos]
+                        else:
+                            pos = end
+                            body = parts[i]
+                            i += 1
+                        size = header_len + payload_len
+                        d.fed += size
+                        kept = bytes(body[:prefix] if data else body)
+                        record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
+                        if record is None:
+                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                            if d.stopped:
+                                return
+                            continue
+                        d.boundary += size
+                        out.append(record)
+                        if payloads is not None:
+                            if len(payloads) == self._taken + len(out) - 1:
+                                payloads.append(kept[:prefix])
+                            else:
+                                self._attach(len(out) - 1, kept[:prefix])
+                        continue
+                    used = header_len
+                else:
+                    have = len(hold)
+                    more = part[pos : pos + tracker.MAX_HEAD]
+                    buf = bytes(hold) + bytes(more)
+                    found = head(name, buf, 0, len(buf))
+                    if found is None and len(buf) < tracker.MAX_HEAD:
+                        hold += more
+                        d.fed += len(more)
+                        pos += len(more)
+                        continue
+                    if found is None or found is False:
+                        # the codec takes over from the frame's first byte
+                        d.fast = False
+                        d.hold = None
+                        d.fed = d.boundary
+                        self._feed(d, buf[:have] + bytes(part[pos:]), time_ns)
+                        d.fast = self._walks and not d.stopped and d.codec.pending == 0
+                        if d.stopped:
+                            return
+                        break
+                    d.hold = None
+                    header_len, payload_len, data, fields = found  # type: ignore[misc]
+                    used = header_len - have  # the header's bytes in this part
+                pos += used
+                d.fed += used
+                if not payload_len:
+                    self._complete(d, time_ns, header_len, 0, data, fields, b"")
+                    if d.stopped:
+                        return
+                    continue
+                d.frame = (header_len + payload_len, payload_len, data, fields)
+                d.skip = payload_len
+                d.keep = (prefix if prefix < payload_len else payload_len) if data else payload_len  # noqa: FURB136
+                d.kept = bytearray()
+
+    def _complete(
+        self,
+        d: _Direction,
+        time_ns: int,
+        size: int,
+        payload_len: int,
+        data: bool,
+        fields: tuple[Any, ...],
+        kept: bytes,
+    ) -> None:
+        """A walked frame is whole (``kept``: its payload, or a data frame's first bytes):
+        its records."""
+        offset = d.boundary
+        tracker = self._tracker
+        record = tracker.fast_record(d.name, fields, data, payload_len, kept, offset, time_ns)
+        d.boundary = offset + size
+        if record is not None:
+            self._out.append(record)
+            if self._payloads is not None:
+                self._attach(len(self._out) - 1, kept[: self._prefix])
+            return
+        item = tracker.fast_item(fields, _Elided(kept, payload_len) if data and payload_len else kept)
+        out = self._out
+        try:
+            records = tracker.records(d.name, item, offset, time_ns)
+        except _Violation as exc:
+            out.extend(exc.records)
+            self._violation(d, offset, time_ns, str(exc))
+            return
+        if self._payloads is None:
+            out += records
+        else:
+            start = len(out)
+            out += records
+            if records:
+                self._attach(start, kept[: self._prefix])
+
     def _emit(
-        self, d: _Direction, items: list[Any], sizes: list[int], offset: int, time_ns: int
+        self,
+        d: _Direction,
+        items: list[Any],
+        sizes: list[int],
+        offset: int,
+        time_ns: int,
+        payloads: list[bytes | None] | None = None,
     ) -> int | None:
         """Records of ``items`` (of ``sizes`` bytes), the first at ``offset``. Returns the
         offset past the last one, or None if one broke the protocol (a violation record
-        at its offset, and the direction stops)."""
+        at its offset, and the direction stops). With ``payload_prefix``, each item's
+        payload prefix (``payloads``, else taken from the item) goes with its records."""
         out = self._out
         records = self._tracker.records
         name = d.name
+        keep = self._payloads
         try:
-            for item, n in zip(items, sizes, strict=True):
+            for i, (item, n) in enumerate(zip(items, sizes, strict=True)):
+                start = len(out)
                 out.extend(records(name, item, offset, time_ns))
+                if keep is not None and len(out) > start:
+                    if payloads is not None:
+                        shown = payloads[i]
+                    else:
+                        shown = bytes(memoryview(self._tracker.payload(item))[: self._prefix])
+                    self._attach(start, shown)
                 offset += n  # past this frame only once its records are in
         except _Violation as exc:
             out.extend(exc.records)
             self._violation(d, offset, time_ns, str(exc))
             return None
         return offset
+
+    def _attach(self, start: int, payload: bytes | None) -> None:
+        """Give the payload prefix to the frame's records from ``start`` on: to its
+        ``data`` record, else its first."""
+        keep = self._payloads
+        assert keep is not None
+        out = self._out
+        base = self._taken  # payloads[base + i] belongs to out[i]
+        if len(out) == start + 1 and len(keep) == base + start:
+            keep.append(payload)  # one record, nothing to pad: the common case
+            return
+        keep += [None] * (base + len(out) - len(keep))
+        at = start
+        for i in range(start, len(out)):
+            if out[i].frame_type == "data":
+                at = i
+                break
+        keep[base + at] = payload
 
     def _violation(self, d: _Direction, offset: int, time_ns: int, message: str) -> None:
         self._out.append(self._tracker.rec(d.name, time_ns, offset, "", "violation", error=message))
