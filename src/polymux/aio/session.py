@@ -43,7 +43,7 @@ class ChannelProtocols:
     Pass ``handler=ChannelProtocols(factory)``: every channel the peer opens gets
     ``factory()``, connected like ``loop.create_server``'s protocols
     (``connection_made(transport)`` with the channel's
-    :class:`~polymux.aio.ChannelTransport`, then ``data_received``, ``eof_received``,
+    :class:`~polymux.ChannelTransport`, then ``data_received``, ``eof_received``,
     ``connection_lost``). No reader, writer or task is made, so an idle channel costs only
     its transport and the protocol: the way to hold a very large number of mostly idle
     channels. Credit goes back as ``data_received`` returns, unless the protocol calls
