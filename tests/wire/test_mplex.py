@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from polymux.exceptions import ProtocolError
-from polymux.wire._varint import Incomplete, encode_uvarint, read_uvarint
+from polymux.wire._varint import Incomplete, encode_uvarint, read_uvarint, uvarint_size
 from polymux.wire.mplex import (
     MAX_HEADER_VARINT,
     MAX_MESSAGE_SIZE,
@@ -212,6 +212,12 @@ UVARINTS: list[tuple[int, str]] = [
 @pytest.mark.parametrize(("value", "expected"), UVARINTS)
 def test_encode_uvarint_vectors(value: int, expected: str) -> None:
     assert encode_uvarint(value) == h(expected)
+
+
+@pytest.mark.parametrize(("value", "expected"), UVARINTS)
+def test_uvarint_size_vectors(value: int, expected: str) -> None:
+    # (the trace decoder sizes mplex headers with it)
+    assert uvarint_size(value) == len(h(expected))
 
 
 @pytest.mark.parametrize(("value", "expected"), UVARINTS)

@@ -641,11 +641,24 @@ def test_oversized_payload_detected_from_header_alone(version: int, header: str)
     # header itself arrives in pieces.
     with pytest.raises(ProtocolError, match="20481"):
         Decoder(version, handshake=False).feed(h(header))
+    # ... and when the first payload bytes come with it (v2/v3: the fast path's shape)
+    with pytest.raises(ProtocolError, match=f"mstream-v{version}: frame payload length 20481 exceeds"):
+        Decoder(version, handshake=False).feed(h(header) + b"ab")
     dec = Decoder(version, handshake=False)
     raw = h(header)
     with pytest.raises(ProtocolError, match="20481"):
         for i in range(len(raw)):
             dec.feed(raw[i : i + 1])
+
+
+def test_array16_header_split_inside_its_count() -> None:
+    # [2, 1, bin(b"hi")] with an array16 header (valid msgpack, not minimal): the count's
+    # two bytes arrive in two reads.
+    raw = h("dc 0003 02 01 c4 02") + b"hi"
+    dec = Decoder(2, handshake=False)
+    assert dec.feed(raw[:2]) == []
+    assert dec.pending == 2
+    assert norm(dec.feed(raw[2:])) == [Frame(2, 1, b"hi")]
 
 
 def test_bad_frame_after_good_ones_in_same_feed() -> None:

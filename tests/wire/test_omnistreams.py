@@ -122,6 +122,17 @@ def test_length_prefix_roundtrip(messages: list[bytes], step: int) -> None:
     assert out == messages
 
 
+@pytest.mark.parametrize("max_size", [0, -1])
+def test_length_prefix_decoder_needs_a_positive_max_size(max_size: int) -> None:
+    with pytest.raises(ValueError, match=f"max_size must be positive, got {max_size}"):
+        LengthPrefixDecoder(max_size)
+
+
+def test_numbering_repr_names_it() -> None:
+    assert repr(SPEC) == "<omnistreams numbering 'spec'>"
+    assert repr(LEGACY) == "<omnistreams numbering 'legacy'>"
+
+
 def test_length_prefix_zero_and_too_large() -> None:
     with pytest.raises(ProtocolError, match="length prefix 0"):
         LengthPrefixDecoder().feed(b"\x00\x00\x00\x00")

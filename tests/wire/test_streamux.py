@@ -532,6 +532,23 @@ def test_encode_init_vectors(m: InitMessage, expected: str) -> None:
     assert encode_init(m) == h(expected)
 
 
+@pytest.mark.parametrize(
+    ("m", "needle"),
+    [
+        (InitMessage(256, False, False, 0, 0, 0, 0, 0, 0), "version=256 does not fit 8 bits"),
+        (InitMessage(1, False, False, 16, 0, 0, 0, 0, 0), "id_min=16 does not fit 4 bits"),
+        (InitMessage(1, False, False, 0, 32, 0, 0, 0, 0), "id_max=32 does not fit 5 bits"),
+        (InitMessage(1, False, False, 0, 0, -1, 0, 0, 0), "id_rec=-1 does not fit 5 bits"),
+        (InitMessage(1, False, False, 0, 0, 0, 16, 0, 0), "length_min=16 does not fit 4 bits"),
+        (InitMessage(1, False, False, 0, 0, 0, 0, 32, 0), "length_max=32 does not fit 5 bits"),
+        (InitMessage(1, False, False, 0, 0, 0, 0, 0, 99), "length_rec=99 does not fit 5 bits"),
+    ],
+)
+def test_encode_init_refuses_fields_wider_than_their_bits(m: InitMessage, needle: str) -> None:
+    with pytest.raises(ValueError, match=f"streamux initialize field {needle}"):
+        encode_init(m)
+
+
 @pytest.mark.parametrize(("m", "expected"), INIT_VECTORS)
 def test_decode_init_vectors(m: InitMessage, expected: str) -> None:
     raw = h(expected)

@@ -141,11 +141,10 @@ def _pack_uint(n: int) -> bytes:
 
 
 def _pack_bin_header(n: int) -> bytes:
+    # n <= MAX_PAYLOAD (20 KiB, checked by encode_header): bin8 or bin16
     if n <= 0xFF:
         return b"\xc4" + bytes((n,))
-    if n <= 0xFFFF:
-        return b"\xc5" + n.to_bytes(2, "big")
-    return b"\xc6" + n.to_bytes(4, "big")
+    return b"\xc5" + n.to_bytes(2, "big")
 
 
 _SOURCE_BYTES = {1: b"\x01", 0: b"\x00", -1: b"\xff"}
@@ -515,7 +514,7 @@ class Decoder:
         """General v2/v3 header parser (any msgpack integer widths), with validation."""
         fmt = self.format
         start = pos
-        if pos >= end:
+        if pos >= end:  # pragma: no cover - callers pass >= 1 byte (feed loops while pos < end)
             raise _INCOMPLETE
         b = buf[pos]
         if 0x90 <= b <= 0x9F:

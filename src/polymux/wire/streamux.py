@@ -224,7 +224,7 @@ def negotiate(us: InitMessage, them: InitMessage) -> Negotiated:
         None if quick is None else (quick.length_min, quick.length_max, quick.length_rec),
     )
     id_bits, length_bits = cap_bits(id_bits, length_bits)
-    if length_bits == 0:
+    if length_bits == 0:  # pragma: no cover - check(): length min >= 1, id max <= 29, so cap_bits leaves >= 1
         raise NegotiationError("length bits negotiated to 0")
     return Negotiated(id_bits, length_bits)
 
@@ -301,10 +301,10 @@ class Decoder:
                         out.append(Chunk(cid, response, False, mv[pos : pos + take]))
                     return out
                 self._current = None
-                # The last piece carries the chunk's flags; an empty non-terminated one
-                # would read as a cancel, so it is left out (nothing is lost).
-                if take or termination:
-                    out.append(Chunk(cid, response, termination, mv[pos : pos + take]))
+                # The last piece carries the chunk's flags. It is never empty (an empty
+                # non-terminated one would read as a cancel): _left was positive, and a
+                # read that brings none of it returned above.
+                out.append(Chunk(cid, response, termination, mv[pos : pos + take]))
                 pos += take
             # Whole chunks, and the header of a partial one.
             size = self._size
