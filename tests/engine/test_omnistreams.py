@@ -418,3 +418,96 @@ def test_message_credit_counts_partial_chunks() -> None:
     with pytest.raises(ValueError, match="exceeds the available credit of 1"):
         credit.consume_bytes(101)
     assert split_count(0) == [] and split_count(255) == [255] and split_count(600) == [255, 255, 90]
+
+
+# -- edges of the interface ---------------------------------------------------------------------
+
+
+def test_constructor_refuses_an_unknown_numbering_and_tiny_messages() -> None:
+    with pytest.raises(ValueError, match="omnistreams numbering must be 'spec' or 'legacy', got 'x'"):
+        OmnistreamsEngine(numbering="x")
+    with pytest.raises(ValueError, match="omnistreams: max_message_size must be >= 3, got 2"):
+        OmnistreamsEngine(SessionConfig(max_message_size=2))
+    assert OmnistreamsEngine(SessionConfig(max_message_size=3)).chunk_size == 1
+    assert OmnistreamsEngine().ready  # no handshake
+
+
+def test_open_with_metadata_beyond_max_message_size_holds_nothing() -> None:
+    # Regression: the refused open kept a live stream and its id, with no CREATE sent.
+    a = OmnistreamsEngine(SessionConfig(max_message_size=100))
+    with pytest.raises(ValueError, match="omnistreams: a 128-byte message exceeds max_message_size=100"):
+        a.open_channel("x" * 100)
+    assert a.channel_count == 0 and a.free_ids == 256 and a.data_to_send() == []
+    handle = a.open_channel("ok")
+    assert out_messages(a) == [b'\x01\x00{"name":"ok","chunkSize":98}']
+    assert a.is_sender(handle)
+
+
+def test_empty_stream_data_is_no_event_and_its_credit_returns_with_the_next_request() -> None:
+    b, handle = accepted_receiver(receive_window=40)  # 4 messages of chunkSize 10, requested 1 by 1
+    assert b.receive_data(framed(Kind.DATA, 1, b"")) == []
+    [got] = b.receive_data(framed(Kind.DATA, 1, b"abc"))
+    assert isinstance(got, ev.DataReceived) and bytes(got.data) == b"abc"
+    b.ack_consumed(handle, 3)
+    assert out_messages(b) == [b"\x05\x01\x02"]  # REQUEST_DATA 2: the empty one and "abc"
+
+
+def test_end_of_a_stream_we_cancelled_then_its_id_created_again() -> None:
+    b, handle = accepted_receiver()
+    b.reset_channel(handle)
+    assert out_messages(b) == [b"\x06\x01"]
+    assert b.receive_data(framed(Kind.END, 1)) == []  # crossed our cancel
+    with pytest.raises(ProtocolError, match="STREAM_END for stream 1 after its STREAM_END"):
+        b.receive_data(framed(Kind.END, 1))
+
+
+def test_create_with_metadata_beyond_max_name_bytes_is_refused() -> None:
+    b = OmnistreamsEngine(SessionConfig(max_name_bytes=10))
+    assert b.receive_data(framed(Kind.CREATE, 4, b'{"name":"far too long"}')) == []
+    assert out_messages(b) == [b"\x06\x04"]  # CANCEL_SEND
+    assert b.channel_count == 0
+
+
+def test_rejecting_an_offer_cancels_it() -> None:
+    b = OmnistreamsEngine()
+    [opened] = b.receive_data(framed(Kind.CREATE, 7, b'{"name":"no"}'))
+    assert isinstance(opened, ev.ChannelOpened)
+    b.reject_channel(opened.channel)
+    assert out_messages(b) == [b"\x06\x07"]
+    assert b.receive_data(framed(Kind.DATA, 7, b"late")) == []  # in flight: dropped, no second cancel
+    assert b.data_to_send() == []
+
+
+def test_send_credit_is_zero_for_unknown_and_receive_only_streams() -> None:
+    a, b = pair()
+    handle, theirs = open_accepted(a, b)
+    assert a.send_credit(handle) > 0
+    assert b.send_credit(theirs) == 0  # one-way: the reader cannot write
+    assert a.send_credit(999) == 0
+    assert a.is_sender(handle) and not b.is_sender(theirs)
+
+
+def test_send_data_in_several_parts_is_one_message() -> None:
+    a, b = pair()
+    handle, _ = open_accepted(a, b)
+    a.send_data(handle, b"ab", memoryview(b"cd"), bytearray(b"e"))
+    assert out_messages(a) == [b"\x02\x00abcde"]
+
+
+def test_end_and_ack_of_unknown_or_own_streams_send_nothing() -> None:
+    a, b = pair()
+    handle, _ = open_accepted(a, b)
+    assert a.end_channel(999) is True  # gone already: closed all the same
+    a.ack_consumed(999, 10)
+    a.ack_consumed(handle, 10)  # a stream we write has no receive credit
+    assert a.data_to_send() == []
+
+
+def test_control_message_must_fit_max_message_size() -> None:
+    a = OmnistreamsEngine(SessionConfig(max_message_size=10))
+    with pytest.raises(
+        ValueError, match="omnistreams: a control message of 10 bytes exceeds max_message_size=10"
+    ):
+        a.send_control(b"x" * 10)
+    a.send_control(b"x" * 9)
+    assert out_messages(a) == [b"\x00" + b"x" * 9]

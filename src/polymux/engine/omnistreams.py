@@ -195,7 +195,7 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
 
     def _emit(self, kind: Kind, stream_id: int | None, payload: BytesLike = b"") -> None:
         code = self._codes[kind]
-        if code is None:
+        if code is None:  # pragma: no cover - legacy lacks only CANCEL_RECEIVE: _send_reset checks
             raise ValueError(
                 f"{self.format}: the {self.numbering.name} numbering has no {kind.value} message"
             )
@@ -268,10 +268,9 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
             assert sid is not None
             record = by_wire.get((False, sid))
             if record is None:
-                self._on_stray(sid, "STREAM_END")
-                if sid in self._cancelled:
-                    self._cancelled.discard(sid)  # the sender ended it before our cancel arrived
-                    self._ended.add(sid)
+                self._on_stray(sid, "STREAM_END")  # returns only for an id we cancelled
+                self._cancelled.discard(sid)  # the sender ended it before our cancel arrived
+                self._ended.add(sid)
                 return
             self._ended.add(sid)
             if self._step(record, Input.RECV_END) is not ChannelState.CLOSED:
@@ -362,11 +361,14 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
     def open_channel(self, name: str = "", *, extra: Mapping[str, Any] | None = None) -> int:
         """Create a stream we write (CREATE_RECEIVE_STREAM with ``name``, our ``chunkSize``
         and the ``extra`` keys as metadata). It has no credit until the peer requests data.
-        Raises ``RuntimeError`` when all 256 ids are in use."""
+        Raises ``RuntimeError`` when all 256 ids are in use, ``ValueError`` (and holds nothing)
+        when the metadata does not fit in a message of ``max_message_size``."""
         if not self._free_ids:
             raise RuntimeError(f"{self.format}: all 256 stream ids are in use")
-        sid = self._free_ids.popleft()
+        sid = self._free_ids[0]
         metadata = encode_metadata(name, self.chunk_size, extra)
+        self._emit(Kind.CREATE, sid, metadata)  # first: metadata too long raises, nothing held
+        self._free_ids.popleft()
         record = self._create(
             OmnistreamsRecord,
             sid,
@@ -377,7 +379,6 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
             metadata=metadata,
             meta=decode_metadata(metadata),
         )
-        self._emit(Kind.CREATE, sid, metadata)
         return record.handle
 
     def _on_accept(self, record: OmnistreamsRecord) -> None:
