@@ -14,7 +14,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from polymux.engine.flow import UNLIMITED, ReceiveWindow, SendCredit, default_ack_threshold
+from polymux.engine.flow import (
+    UNLIMITED,
+    MessageCredit,
+    ReceiveWindow,
+    SendCredit,
+    default_ack_threshold,
+    split_count,
+)
 
 
 # -- default_ack_threshold -----------------------------------------------------------------
@@ -126,6 +133,18 @@ def test_send_credit_grow_is_an_increment() -> None:
     assert credit.window == 150
 
 
+def test_send_credit_left_goes_negative_on_an_overrun() -> None:
+    # (a trace of someone else's traffic sees a sender overrun the window; available stays 0)
+    credit = SendCredit(10)
+    credit.consume(4)
+    assert credit.left == credit.available == 6
+    credit.in_flight += 8
+    assert (credit.left, credit.available) == (-2, 0)
+    unlimited = SendCredit(None)
+    unlimited.consume(5)
+    assert (unlimited.left, unlimited.available) == (-5, UNLIMITED)
+
+
 # -- ReceiveWindow -------------------------------------------------------------------------
 
 
@@ -192,6 +211,31 @@ def test_receive_window_consumed_is_capped_by_outstanding() -> None:
     assert rw.pending == 10
     assert rw.flush() == 10
     assert rw.outstanding == 0
+
+
+def test_receive_window_grow() -> None:
+    rw = ReceiveWindow(10, 5)
+    rw.grow(6)
+    assert (rw.window, rw.threshold) == (16, 5)  # no new threshold: the old one stays
+    rw.grow(4, threshold=100)
+    assert (rw.window, rw.threshold) == (20, 20)  # a threshold is capped at the window
+    rw.grow(0, threshold=0)
+    assert rw.threshold == 1
+    with pytest.raises(ValueError, match="a window only grows, got -1"):
+        rw.grow(-1)
+    assert rw.window == 20
+
+
+@pytest.mark.parametrize("chunk", [0, -1])
+def test_message_credit_needs_a_positive_chunk(chunk: int) -> None:
+    with pytest.raises(ValueError, match=f"chunk size must be positive, got {chunk}"):
+        MessageCredit(chunk)
+
+
+def test_split_count_refuses_negative_counts() -> None:
+    assert split_count(10, most=4) == [4, 4, 2]
+    with pytest.raises(ValueError, match="count must be >= 0, got -1"):
+        split_count(-1)
 
 
 def test_receive_window_threshold_equal_to_window() -> None:

@@ -792,6 +792,63 @@ def test_window_growth_request_after_our_half_close_is_still_answered(version: i
 
 
 @pytest.mark.parametrize("version", FLOW_VERSIONS)
+def test_window_growth_request_after_the_peers_end_is_not_answered(version: int) -> None:
+    a, b = pair(version, receive_window=300, ack_min=10)
+    ha, hb = open_channel(a, b)
+    b.end_channel(hb)
+    assert pump(b, a) == [ChannelEnded(ha)]
+    request = frame(version, C.CHANNEL_WINDOW_GROWTH_REQUEST, 1, b"", src(version, False))
+    assert a.receive_data(request) == []
+    assert out(a) == b""  # nothing more comes from the peer: no window to grow
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_empty_content_is_no_event(version: int) -> None:
+    a, b = pair(version)
+    ha, hb = open_channel(a, b)
+    assert b.receive_data(frame(version, C.CONTENT, 1, b"", src(version, True))) == []
+    a.send_data(ha, b"after")
+    assert pump(a, b) == [DataReceived(hb, b"after", 5)]
+
+
+@pytest.mark.parametrize("version", FLOW_VERSIONS)  # (v1 ids are 32-bit)
+def test_channel_id_beyond_2_53_is_a_protocol_error(version: int) -> None:
+    a, _b = pair(version)
+    too_big = 2**53
+    with pytest.raises(
+        ProtocolError,
+        match=f"mstream-v{version}: frame with code 2 for channel id {too_big}, beyond {too_big - 1}",
+    ):
+        a.receive_data(frame(version, C.CONTENT, too_big, b"x", src(version, True)))
+
+
+@pytest.mark.parametrize("version", FLOW_VERSIONS)
+def test_window_beyond_2_32_is_a_protocol_error(version: int) -> None:
+    a, b = pair(version)
+    open_channel(a, b)
+    adjust = frame(version, C.CHANNEL_WINDOW_ADJUST, 1, wire.encode_window_adjust(2**32), src(version, False))
+    with pytest.raises(
+        ProtocolError,
+        match=f"mstream-v{version}: WindowAdjust advertises a window of 4294967296 bytes, beyond 4294967295",
+    ):
+        a.receive_data(adjust)
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_sending_after_the_peer_stopped_reading_is_refused(version: int) -> None:
+    a, b = pair(version)
+    ha, _hb = open_channel(a, b)
+    assert a.receive_data(frame(version, C.CONTENT_READING_COMPLETED, 1, b"", src(version, False))) == [
+        ReadingStopped(ha)
+    ]
+    assert a.send_credit(ha) == 0
+    with pytest.raises(
+        RuntimeError, match=r"mstream-v\d: cannot send on channel 1 .*\(the peer stopped reading it\)"
+    ):
+        a.send_data(ha, b"x")
+
+
+@pytest.mark.parametrize("version", FLOW_VERSIONS)
 def test_window_adjust_grows_credit_and_ignores_shrinking(version: int) -> None:
     a, b = pair(version, receive_window=300, ack_min=10)
     ha, _hb = open_channel(a, b)

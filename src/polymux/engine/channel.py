@@ -251,11 +251,6 @@ class ChannelRecord:
     (bulk writes send it again and again: encoded once, kept by ``Engine._queue_frames``)."""
 
     @property
-    def accepted(self) -> bool:
-        """Whether the channel is past its offer."""
-        return self.state.accepted
-
-    @property
     def local_end(self) -> bool:
         """Whether we ended our writing."""
         return self.state.local_end

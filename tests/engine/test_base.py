@@ -1,0 +1,73 @@
+"""What every engine shares (:mod:`polymux.engine` and :class:`polymux.engine.base.Engine`):
+the registry entry points, the defaults a format without a feature keeps, and the queue of
+frames to write."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from polymux import PROTOCOLS
+from polymux.engine import check_protocol, make_engine
+from polymux.engine.events import ChannelClosed, ChannelEnded, ChannelOpened
+from polymux.exceptions import PolymuxError
+from polymux.wire.omnistreams import Kind, encode, encode_length
+
+
+def test_check_protocol_names_the_choices() -> None:
+    for name in PROTOCOLS:
+        assert check_protocol(name) == name
+    with pytest.raises(ValueError, match="nope") as info:
+        check_protocol("nope")
+    assert all(name in str(info.value) for name in PROTOCOLS)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_features_a_format_lacks_are_refused_by_name(name: str) -> None:
+    engine = make_engine(name)
+    engine.data_to_send()  # (a handshake, an initialize message)
+    fmt = re.escape(engine.format)
+    if not engine.has_ping:
+        with pytest.raises(NotImplementedError, match=f"^{fmt} has no ping$"):
+            engine.ping()
+    if not engine.has_controls:
+        with pytest.raises(PolymuxError, match=f"{fmt} has no control messages"):
+            engine.send_control(b"hello")
+    assert engine.data_to_send() == []  # nothing half-sent
+
+
+def test_formats_without_metadata_answer_none() -> None:
+    engine = make_engine("yamux")
+    handle = engine.open_channel("x")
+    assert engine.metadata(handle) is None
+    assert engine.metadata_object(handle) is None
+
+
+def test_queued_frames_counts_the_chunks_to_write() -> None:
+    engine = make_engine("yamux")
+    assert engine.queued_frames == 0 and not engine.has_output
+    engine.open_channel("a")
+    engine.open_channel("b")
+    assert engine.queued_frames == 2 and engine.has_output
+    assert len(engine.data_to_send()) == 2
+    assert engine.queued_frames == 0
+
+
+def test_a_stream_forgotten_twice_is_released_once() -> None:
+    # omnistreams keeps a stream that was created and ended in one read until the output
+    # is next collected; closed by the application meanwhile, it is gone already then.
+    engine = make_engine("omnistreams")
+    create = encode(Kind.CREATE, 2, b'{"name":"e"}')
+    end = encode(Kind.END, 2)
+    events = engine.receive_data(encode_length(len(create)) + create + encode_length(len(end)) + end)
+    handle = events[0].channel  # type: ignore[attr-defined]
+    assert events == [ChannelOpened(handle, "e"), ChannelEnded(handle), ChannelClosed(handle)]
+    engine.accept_channel(handle)
+    engine.reset_channel(handle)
+    assert not engine.is_live(handle) and engine.channel_count == 0
+    engine.data_to_send()
+    assert engine.channel_count == 0
+    # The id is the peer's to create again.
+    [opened] = engine.receive_data(encode_length(len(create)) + create)
+    assert isinstance(opened, ChannelOpened) and engine.channel_count == 1
