@@ -35,7 +35,6 @@ from polymux.engine.events import (
     ChannelRejected,
     ChannelReset,
     CreditAvailable,
-    DataReceived,
     Event,
     ReadingStopped,
     SessionReady,
