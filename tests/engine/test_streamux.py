@@ -1602,3 +1602,12 @@ def test_random_interleavings_conserve_bytes(split: int, commands: list[tuple[ob
     world.drain()
     world.check()
     assert world.a.order.open == world.b.order.open == set()
+
+
+def test_consumed_data_sends_nothing() -> None:
+    # Streamux has no credit on the wire: consuming a request's bytes says nothing.
+    a, b = pair()
+    _ha, hb = served_request(a, b, b"body")
+    b.ack_consumed(hb, 4)
+    b.ack_consumed(999, 4)
+    assert out(b) == b""

@@ -1373,3 +1373,38 @@ def test_random_interleavings_conserve_bytes(
         world.settle()
     world.drain()
     world.check()
+
+
+# -- edges: window overflow, empty DATA with a flag, credit due on a stream that ended -----------
+
+
+def test_window_update_beyond_2_32_is_a_protocol_error() -> None:
+    a, b = pair()
+    open_stream(a, b)
+    delta = 2**32 - 1
+    with pytest.raises(
+        ProtocolError,
+        match=f"yamux: WindowUpdate of {delta} for stream 1 makes its window {WINDOW + delta}, beyond {delta}",
+    ):
+        a.receive_data(h(wu(1, 0, delta)))
+
+
+def test_empty_data_frame_with_fin_ends_the_stream() -> None:
+    a, b = pair()
+    _ha, hb = open_stream(a, b)
+    assert norm(b.receive_data(data(1, b"", F.FIN))) == [ChannelEnded(hb)]
+
+
+@pytest.mark.parametrize("then", ["peer_fin", "reset"])
+def test_no_window_update_for_a_stream_ended_or_gone_before_output(then: str) -> None:
+    a, b = pair()
+    ha, hb = open_stream(a, b)
+    a.send_data(ha, bytes(HALF))
+    pump(a, b)
+    b.ack_consumed(hb, HALF)  # credit due, sent with the next output ...
+    if then == "peer_fin":
+        assert norm(b.receive_data(data(1, b"", F.FIN))) == [ChannelEnded(hb)]
+        assert out(b) == b""  # ... but the peer sends no more: none
+    else:
+        b.reset_channel(hb)
+        assert decoded(out(b)) == [Frame(T.WINDOW_UPDATE, F.RST, 1, 0, b"")]  # the reset alone
