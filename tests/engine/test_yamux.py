@@ -1408,3 +1408,9 @@ def test_no_window_update_for_a_stream_ended_or_gone_before_output(then: str) ->
     else:
         b.reset_channel(hb)
         assert decoded(out(b)) == [Frame(T.WINDOW_UPDATE, F.RST, 1, 0, b"")]  # the reset alone
+
+
+def test_ping_without_syn_or_ack_is_ignored() -> None:
+    _a, b = pair()
+    assert b.receive_data(hdr(T.PING, 0, 0, 7)) == []
+    assert out(b) == b""

@@ -921,6 +921,16 @@ def test_feed_random_splits(widths: tuple[int, int], data: st.DataObject) -> Non
     assert _feed(Negotiated(*widths), [stream[a:b] for a, b in pairwise([0, *cuts, len(stream)])]) == expected
 
 
+def test_streamed_body_survives_an_empty_read() -> None:
+    n = Negotiated(6, 9)
+    dec = Decoder(n, stream_bodies=True)
+    header = encode_header(n, 3, 5, False, True)
+    assert norm(dec.feed(header + b"ab")) == [Chunk(3, False, False, b"ab")]
+    assert dec.feed(b"") == []  # nothing of the body: no empty piece (it would read as a cancel)
+    assert dec.pending == len(header) + 2
+    assert norm(dec.feed(b"cde")) == [Chunk(3, False, True, b"cde")]
+
+
 def test_pending_counts_the_incomplete_chunk() -> None:
     n = Negotiated(6, 9)
     dec = Decoder(n)
