@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from polymux._types import BytesLike
 from polymux.aio.reader import ChannelStreamReader
@@ -36,6 +36,9 @@ logger = logging.getLogger("polymux")
 
 
 __all__ = ["ChannelHost", "ChannelTransport"]
+
+_DETACHED = asyncio.Protocol()
+"""Stands in for a channel's protocol before one is attached: every callback a no-op."""
 
 _COALESCE = 64 * 1024
 """Small received parts are joined when read from the backlog up to this size."""
@@ -116,6 +119,9 @@ class ChannelTransport(asyncio.Transport):
         # Captured now: the engine forgets a channel before its end reaches us.
         self._label_text = host.core.engine.describe(handle)
         self._protocol: asyncio.BaseProtocol | None = None
+        # The same protocol with the callbacks of asyncio.Protocol (a BufferedProtocol lacks
+        # data_received: its first data fails and resets only its channel); no-ops until set.
+        self._app: asyncio.Protocol = _DETACHED
         self._reader: ChannelStreamReader | None = None  # stream mode when set
         self._protocol_paused = False
         self._eof_requested = False
@@ -147,6 +153,7 @@ class ChannelTransport(asyncio.Transport):
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
+        self._app = cast(asyncio.Protocol, protocol)
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self._protocol is not None
@@ -156,6 +163,7 @@ class ChannelTransport(asyncio.Transport):
         """Connect ``protocol``; with ``reader`` (its ChannelStreamReader) data goes
         straight into the reader and credit follows what the application consumes."""
         self._protocol = protocol
+        self._app = cast(asyncio.Protocol, protocol)
         self._reader = reader
         if reader is not None:
             reader.bind(self)
@@ -247,7 +255,7 @@ class ChannelTransport(asyncio.Transport):
         core = self._core
         if core.write(self._handle, data) and not self._protocol_paused:
             self._protocol_paused = True
-            self._protocol.pause_writing()  # type: ignore[union-attr]
+            self._app.pause_writing()
         elif self._handle not in core.channels:  # reset: it held more than the format allows
             self._host.process()
             if self._write_error is not None:
@@ -287,14 +295,14 @@ class ChannelTransport(asyncio.Transport):
         change = self._core.set_write_limits(self._handle, high, low)
         if change is True and not self._protocol_paused:
             self._protocol_paused = True
-            self._protocol.pause_writing()  # type: ignore[union-attr]
+            self._app.pause_writing()
         self._host.process()
 
     def resume_writing_now(self) -> None:
         """The core says the writer may go on (its unsent bytes fell)."""
         if self._protocol_paused and not self._done:
             self._protocol_paused = False
-            self._protocol.resume_writing()  # type: ignore[union-attr]
+            self._app.resume_writing()
 
     def writing_stopped(self, error: Exception) -> None:
         """The peer reads no more: writes fail with ``error``; reading goes on."""
@@ -364,9 +372,10 @@ class ChannelTransport(asyncio.Transport):
                     reader.wakeup()
             return
         try:
-            protocol.data_received(bytes(data))  # type: ignore[attr-defined]
+            received = self._app.data_received
+            received(bytes(data))
             for part in more:
-                protocol.data_received(bytes(part))  # type: ignore[attr-defined]
+                received(bytes(part))
         except Exception as exc:  # noqa: BLE001 (logged with its traceback by _protocol_failed)
             self._protocol_failed("data_received", exc)
             return
@@ -466,7 +475,7 @@ class ChannelTransport(asyncio.Transport):
             return
         self._top_up()  # all data before the EOF
         try:
-            keep_open = protocol.eof_received()  # type: ignore[attr-defined]
+            keep_open = self._app.eof_received()
         except Exception as exc:  # noqa: BLE001 (logged with its traceback by _protocol_failed)
             self._protocol_failed("eof_received", exc)
             return
