@@ -189,6 +189,14 @@ class SessionConfig:
     Receive windows of new channels are sized to fit (MultiplexingStream v2/v3,
     omnistreams), and yamux windows grow only within it."""
 
+    smux_peer_buffer: int = 4 * 1024 * 1024
+    """smux version 2: the peer's session-wide receive buffer (xtaci/smux's
+    ``MaxReceiveBuffer``, 4 MiB by default). A session keeps at most half of it in flight
+    over all its streams (each stream may still reach half its window): xtaci stops reading
+    its connection while that buffer is full, and a stream whose reader waits for our credit
+    would then never read it (an echo over 64 streams deadlocked so). Raise it to match a
+    peer configured with a larger buffer."""
+
     max_queued_control: int = 4096
     """Control frames (ping answers, acknowledgements, resets of refused channels) queued
     while the connection cannot be written: past it the session stops reading, so a peer
@@ -219,6 +227,7 @@ class SessionConfig:
             "max_session_memory",
             "max_queued_control",
             "max_name_bytes",
+            "smux_peer_buffer",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:

@@ -282,6 +282,43 @@ def test_v2_window_may_shrink() -> None:
     assert a.send_credit(ha) == 64 * KIB
 
 
+def test_v2_in_flight_over_all_streams_within_half_the_peer_buffer() -> None:
+    """xtaci stops reading its connection while its session buffer (MaxReceiveBuffer) is
+    full; a stream whose reader waits there for our credit would never read it. So all
+    streams together keep half of smux_peer_buffer in flight, each still allowed up to one
+    frame before the peer's first UPD (which its first read sends), then half the window it
+    announced: enough to make it acknowledge, so the limit delays a stream, never stalls it."""
+    a = SmuxEngine(2, SessionConfig(smux_peer_buffer=2 * MIB), is_client=True)
+    handles = [a.open_channel() for _ in range(8)]
+    out(a)
+    f = a.max_frame
+    for h in handles:
+        a.send_data(h, bytes(a.send_credit(h)))
+    assert [a._channels[h].send.in_flight for h in handles] == [INITIAL] * 4 + [f] * 4
+    assert all(a.send_credit(h) == 0 for h in handles)  # all held back now
+    # The peer read all of stream 3 and announced its 64 KiB window: room for the others.
+    events = a.receive_data(upd(3, INITIAL, 64 * KIB))
+    # (stream 3 by its own window; the last four, which the limit held back)
+    assert sorted(e.channel for e in events if isinstance(e, CreditAvailable)) == [handles[0], *handles[4:]]
+    assert a.send_credit(handles[4]) == INITIAL - 4 * f  # the freed room, less what is over
+    a.send_data(handles[4], bytes(INITIAL - 4 * f))
+    assert a.send_credit(handles[5]) == 0  # the limit is full again
+    # A stream that heard from the peer may always reach half the window it announced.
+    assert a.send_credit(handles[0]) == 32 * KIB
+    # A stream that is gone gives back what it had in flight.
+    a.reset_channel(handles[1])
+    a.receive_data(frame(2, Cmd.FIN, 5))
+    assert handles[1] not in a._channels
+    assert a.send_credit(handles[0]) == 64 * KIB
+
+
+def test_v2_without_a_session_limit_version_1() -> None:
+    """Version 1 has no credit on the wire: nothing to hold back."""
+    a = SmuxEngine(1, SessionConfig(smux_peer_buffer=64 * KIB), is_client=True)
+    h = a.open_channel()
+    assert a.send_credit(h) > MIB
+
+
 def test_v2_upd_claiming_more_than_sent() -> None:
     a, _b = pair(2)
     ha = a.open_channel()

@@ -21,6 +21,7 @@ __all__ = [
     "MessageWindow",
     "ReceiveWindow",
     "SendCredit",
+    "SharedSendLimit",
     "budget_window",
     "default_ack_threshold",
     "split_count",
@@ -102,6 +103,35 @@ class SendCredit:
             return False
         self.window = window
         return True
+
+
+class SharedSendLimit:
+    """Units in flight over every channel of a session, within ``limit``.
+
+    For a peer that also bounds what it holds for all its channels together and stops
+    reading its connection when that is full (xtaci/smux's session receive buffer): a
+    channel waiting there for our credit could then never read the credit we send it.
+    ``floor(channel_in_flight, half_window)`` lets each channel reach half its own window
+    whatever the others hold: a receiver that acknowledges once half a window is read
+    then always has enough to acknowledge, so the limit can delay a channel, never stall it.
+    """
+
+    __slots__ = ("in_flight", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def allows(self, credit: int, channel_in_flight: int, half_window: int) -> int:
+        """How much of a channel's ``credit`` may be sent now."""
+        room = max(self.limit - self.in_flight, half_window - channel_in_flight)
+        return max(0, min(credit, room))
+
+    def consume(self, n: int) -> None:
+        self.in_flight += n
+
+    def release(self, n: int) -> None:
+        self.in_flight -= n
 
 
 class ReceiveWindow:

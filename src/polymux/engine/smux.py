@@ -28,7 +28,11 @@ Rules, read from xtaci/smux 1.5.16 (Debian's) and v1.5.57 (``session.go``, ``str
   wait for), announced by a UPD right after SYN or at accept; what the peer may have sent
   on its first guess of 256 KiB shrinks to our window as we acknowledge. Credit goes back
   as the application consumes, batched (``max(ack_min, window / 8)``), encoded when the
-  output is taken and never for a stream whose FIN arrived. Data beyond what we allowed is a
+  output is taken and never for a stream whose FIN arrived. xtaci also stops reading its
+  connection while its session buffer (``MaxReceiveBuffer``, 4 MiB) is full, and its
+  streams' windows add up to more: a stream waiting to write our credit then never reads
+  it. So all streams together keep half of ``smux_peer_buffer`` in flight, each still up to
+  half its window (:class:`~polymux.engine.flow.SharedSendLimit`). Data beyond what we allowed is a
   :class:`~polymux.exceptions.FlowControlError`; a UPD that says more was consumed than was
   sent is a protocol error.
 * Keepalive is NOP, and nothing answers a NOP: :meth:`SmuxEngine.ping` sends one, and the
@@ -53,7 +57,13 @@ from polymux.config import SessionConfig
 from polymux.engine.base import DataRuns, Engine, run_size
 from polymux.engine.channel import HALF_CLOSE, IGNORE, ChannelRecord, ChannelState, Input, Transitions
 from polymux.engine.events import ChannelOpened, CreditAvailable, Event, PingAcked
-from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
+from polymux.engine.flow import (
+    ReceiveWindow,
+    SendCredit,
+    SharedSendLimit,
+    budget_window,
+    default_ack_threshold,
+)
 from polymux.wire import smux as wire
 from polymux.wire.smux import Cmd
 
@@ -88,6 +98,8 @@ class SmuxRecord(ChannelRecord):
     """Bytes we have reported consumed (our UPDs carry it modulo 2**32)."""
     window: int = 0
     """The receive window we announce (our UPDs carry it)."""
+    heard: bool = False
+    """A UPD came from the peer (until then its window is the 256 KiB guess)."""
 
 
 class SmuxEngine(Engine[SmuxRecord]):
@@ -125,6 +137,10 @@ class SmuxEngine(Engine[SmuxRecord]):
         self._next_ping = 1
         self._credit: dict[int, SmuxRecord] = {}  # handle -> stream with a UPD due
         self._granted = 0  # receive windows of live streams, summed (max_session_memory)
+        # Version 2: what is in flight over all streams, within half the peer's session
+        # buffer (SessionConfig.smux_peer_buffer); streams it held back, told when it frees.
+        self._shared = SharedSendLimit(self.config.smux_peer_buffer // 2) if version == 2 else None
+        self._held_back: set[int] = set()
 
     @property
     def ready(self) -> bool:
@@ -205,10 +221,15 @@ class SmuxEngine(Engine[SmuxRecord]):
                 f"but {send.in_flight} were in flight"
             )
         record.peer_consumed = consumed
+        record.heard = True
         # An absolute window that may also shrink (no arithmetic: the peer's value).
         send.window = window
         if was_blocked and send.available:
             events.append(CreditAvailable(record.handle))
+        shared = self._shared
+        if shared is not None and delta:
+            shared.release(delta)
+            self._wake_held_back(events)
 
     def _on_syn(self, stream_id: int, events: list[Event]) -> None:
         if (stream_id % 2 == 1) == self.is_client:
@@ -256,6 +277,8 @@ class SmuxEngine(Engine[SmuxRecord]):
         record = self._writable(channel)
         total = run_size(data, more)
         record.send.consume(total)
+        if self._shared is not None:
+            self._shared.consume(total)
         if total:
             sid, version = record.wire_id, self.version
             self._queue_frames(
@@ -271,6 +294,29 @@ class SmuxEngine(Engine[SmuxRecord]):
         already; what the peer sends on it afterwards is dropped."""
         if not previous.local_end:
             self._fin(record)
+
+    def send_credit(self, channel: int) -> int:
+        """Bytes that may be sent on ``channel`` now: its window, and in version 2 also
+        the session-wide limit (see :class:`~polymux.engine.flow.SharedSendLimit`)."""
+        credit = super().send_credit(channel)
+        shared = self._shared
+        if shared is None or credit <= 0:
+            return credit
+        record = self._channels[channel]
+        send = record.send
+        # Half the window the peer announced, or before its first UPD (sent at its first
+        # read) one frame: enough to make it acknowledge.
+        half = (send.window or 0) // 2 if record.heard else self.max_frame
+        allowed = shared.allows(credit, send.in_flight, half)
+        if allowed <= 0:
+            self._held_back.add(channel)
+        return allowed
+
+    def _wake_held_back(self, events: list[Event]) -> None:
+        """The session-wide limit freed room: the streams it held back may try again."""
+        if self._held_back:
+            events.extend(CreditAvailable(handle) for handle in self._held_back if handle in self._channels)
+            self._held_back.clear()
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """Version 2: return credit (a UPD) once enough is consumed. Version 1: nothing."""
@@ -333,3 +379,8 @@ class SmuxEngine(Engine[SmuxRecord]):
     def _release(self, record: SmuxRecord) -> None:
         self._credit.pop(record.handle, None)
         self._granted -= record.window
+        self._held_back.discard(record.handle)
+        if self._shared is not None and record.send.in_flight:
+            # Gone: what it had in flight no longer fills the peer's buffer.
+            self._shared.release(record.send.in_flight)
+            record.send.in_flight = 0
