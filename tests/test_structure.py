@@ -153,3 +153,15 @@ def test_the_registry_is_what_everything_lists() -> None:
         assert engine.one_way == fmt.caps.one_way
         assert engine.has_ping == fmt.caps.ping
         assert bool(engine.has_flow_control) == (fmt.caps.credit is not None)
+
+
+def test_no_asyncio_wait_for_in_src() -> None:
+    """Python 3.11's asyncio.wait_for returns the result and swallows a cancellation that
+    arrives as the awaited thing completes (Ctrl-C lost); src uses asyncio.timeout."""
+    found = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in sorted(SRC.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "wait_for(" in line and not line.lstrip().startswith("#")
+    ]
+    assert found == []

@@ -652,3 +652,30 @@ async def test_peer_that_never_reads_cannot_grow_our_buffers(
             await task
     finally:
         raw.abort()
+
+
+@pytest.mark.timeout(10)
+async def test_a_cancellation_as_the_handshake_completes_is_not_lost() -> None:
+    """Ctrl-C (the main task cancelled) at the moment the handshake completes must cancel
+    connect(): Python 3.11's asyncio.wait_for returned the result and swallowed the
+    cancellation, so `polymux connect` went on transferring after Ctrl-C (1 run in 2 of
+    the CLI test on a loaded machine)."""
+    from types import SimpleNamespace
+
+    from polymux.aio.client import _ready
+
+    loop = asyncio.get_running_loop()
+    aborted: list[bool] = []
+    mux = SimpleNamespace(
+        ready=loop.create_future(),
+        config=SimpleNamespace(handshake_timeout=5.0),
+        session=SimpleNamespace(abort=lambda: aborted.append(True)),
+        engine=SimpleNamespace(format="yamux"),
+    )
+    task = asyncio.ensure_future(_ready(mux))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # it waits for the handshake
+    mux.ready.set_result(None)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert aborted == [True]  # and the half-made session is not left behind

@@ -37,7 +37,10 @@ def _factory(
 async def _ready(mux: MuxProtocol) -> Session:
     """Wait for the handshake; on failure or timeout close the connection and raise."""
     try:
-        await asyncio.wait_for(asyncio.shield(mux.ready), mux.config.handshake_timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+        # that arrives as the handshake completes (Ctrl-C lost: the transfer went on).
+        async with asyncio.timeout(mux.config.handshake_timeout):
+            await asyncio.shield(mux.ready)
     except TimeoutError:
         _give_up(mux)
         raise SessionClosed(

@@ -730,7 +730,8 @@ class MuxProtocol(asyncio.Protocol):
         self._pings[opaque] = fut
         self.process()
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.config.keepalive_timeout)
+            async with asyncio.timeout(self.config.keepalive_timeout):
+                return await asyncio.shield(fut)
         except TimeoutError:
             self._pings.pop(opaque, None)
             core.forget_ping(opaque)
@@ -749,7 +750,9 @@ class MuxProtocol(asyncio.Protocol):
         deadline = self.loop.time() + self.config.close_timeout
         if self._transport is not None:
             try:
-                await asyncio.wait_for(self._drain_channels(), self.config.close_timeout)
+                # asyncio.timeout, not wait_for (Python 3.11's can swallow a cancellation).
+                async with asyncio.timeout(self.config.close_timeout):
+                    await self._drain_channels()
             except TimeoutError:
                 logger.info("%s: close_timeout expired with data unsent", self.engine.format)
             core.close()
@@ -757,7 +760,8 @@ class MuxProtocol(asyncio.Protocol):
             if not self.engine.can_open and self._channels:
                 # The format said goodbye (yamux GoAway): let open channels finish.
                 try:
-                    await asyncio.wait_for(self._channels_finished(), max(0.0, deadline - self.loop.time()))
+                    async with asyncio.timeout_at(deadline):
+                        await self._channels_finished()
                 except TimeoutError:
                     logger.info("%s: channels still open at close_timeout", self.engine.format)
             transport = self._transport
@@ -771,7 +775,8 @@ class MuxProtocol(asyncio.Protocol):
                 else:
                     transport.close()
                 try:
-                    await asyncio.wait_for(asyncio.shield(self.closed), max(0.0, deadline - self.loop.time()))
+                    async with asyncio.timeout_at(deadline):
+                        await asyncio.shield(self.closed)
                 except TimeoutError:
                     logger.info("%s: the peer did not close within close_timeout", self.engine.format)
                     if self._transport is not None:

@@ -343,7 +343,8 @@ async def serve_until_stopped(
             loop.remove_signal_handler(sig)
         logger.info("stopping")
         try:
-            await asyncio.wait_for(server.aclose(), grace)
+            async with asyncio.timeout(grace):
+                await server.aclose()
         except TimeoutError:
             server.close()
 
