@@ -21,6 +21,12 @@ EXAMPLES = ROOT / "examples"
 PY = sys.executable
 
 
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGQUIT back to their default dispositions."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Proc:
     """A running subprocess with its stdout and stderr collected as lines."""
 
@@ -127,6 +133,10 @@ class Procs:
             stderr=asyncio.subprocess.PIPE,
             env=env,
             cwd=ROOT,
+            # As from a terminal: Ctrl-C (SIGINT) and SIGQUIT at their defaults. A suite run
+            # in the background (`scripts/test &`, nohup, some CI runners) has them ignored,
+            # and a child inherits that: the Ctrl-C tests then waited for ever.
+            preexec_fn=_default_signals,
         )
         p = Proc(proc, name or " ".join(str(a) for a in args[:4]))
         self.started.append(p)
