@@ -221,6 +221,7 @@ class _Link:
         self.near = near
         self.far: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
         self.far.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen: no log
+        self.waiting: set[asyncio.Task[Any]] = set()  # near channels' tasks waiting for ``far``
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -238,6 +239,10 @@ class _Link:
             error = PolymuxError(f"polymux bridge: no session with {owner.connect}: {why}")
             logger.warning("session from %s (%s): %s", peer, owner.listen.protocol, error)
             self.far.set_exception(error)
+            if self.waiting:
+                # Let the channels that waited reset with the reason before the session
+                # closes (closing first lost the resets: the client saw only the close).
+                await asyncio.wait(set(self.waiting), timeout=owner.listen_config.close_timeout)
             await near.aclose()
             return
         except BaseException:
@@ -423,10 +428,16 @@ class Bridge:
         if from_far:
             dst = link.near
         else:
+            task = asyncio.current_task()
+            if task is not None and not link.far.done():
+                link.waiting.add(task)
             try:
                 dst = await asyncio.shield(link.far)
             except PolymuxError as exc:
                 raise _Failed("dst", exc) from None
+            finally:
+                if task is not None:
+                    link.waiting.discard(task)
         name = str(writer.get_extra_info("channel_name") or "")
         prefix = b""
         dst_name = name if src_caps.names and dst_caps.names else ""
