@@ -5,7 +5,6 @@ the same frames table a decode of the bytes gives, and analysed to the same repo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 import polymux
-from polymux._types import BytesLike
 from polymux.pipeline import FRAME_TABLE_COLUMNS, analyze, decode_units, find_inputs
 from polymux.tracing import CaptureRecorder
+from tracing.tee import Tee
 
 
 if TYPE_CHECKING:
@@ -23,33 +22,6 @@ if TYPE_CHECKING:
 
 
 pytestmark = pytest.mark.spark
-
-
-class _Tee:
-    """A capture factory handing each session to two recorders."""
-
-    def __init__(self, *factories: Any) -> None:
-        self.factories = factories
-
-    def __call__(self, info: Mapping[str, str]) -> _TeeSink:
-        return _TeeSink([f(info) for f in self.factories])
-
-
-class _TeeSink:
-    def __init__(self, sinks: list[Any]) -> None:
-        self.sinks = sinks
-
-    def received(self, data: BytesLike) -> None:
-        for s in self.sinks:
-            s.received(data)
-
-    def sent(self, chunks: Sequence[BytesLike]) -> None:
-        for s in self.sinks:
-            s.sent(chunks)
-
-    def close(self) -> None:
-        for s in self.sinks:
-            s.close()
 
 
 async def _sessions(fmt: str, capture: Any) -> None:
@@ -84,7 +56,7 @@ def _record(folder: Path, fmt: str) -> tuple[Path, Path]:
     full = CaptureRecorder(folder / "full")
     records = CaptureRecorder(folder / "records", mode="records", rotate_bytes=2048)
     try:
-        asyncio.run(_sessions(fmt, _Tee(full, records)))
+        asyncio.run(_sessions(fmt, Tee(full, records)))
     finally:
         full.close()
         records.close()

@@ -10,7 +10,7 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import polymux
-from polymux._types import BytesLike
 from polymux.tracing import CaptureRecorder, decode_chunks, read_capture, read_session
 from polymux.tracing.capture import (
     FRAMES_SUFFIX,
@@ -31,33 +30,7 @@ from polymux.tracing.capture import (
 )
 
 from .conftest import _pattern, reply_size, without_time
-
-
-class _Tee:
-    """A capture factory handing every session to several recorders."""
-
-    def __init__(self, *factories: Any) -> None:
-        self.factories = factories
-
-    def __call__(self, info: Mapping[str, str]) -> _TeeSink:
-        return _TeeSink([f(info) for f in self.factories])
-
-
-class _TeeSink:
-    def __init__(self, sinks: list[Any]) -> None:
-        self.sinks = sinks
-
-    def received(self, data: BytesLike) -> None:
-        for s in self.sinks:
-            s.received(data)
-
-    def sent(self, chunks: Sequence[BytesLike]) -> None:
-        for s in self.sinks:
-            s.sent(chunks)
-
-    def close(self) -> None:
-        for s in self.sinks:
-            s.close()
+from .tee import Tee
 
 
 async def _traffic(fmt: str, capture: Any, sizes: Sequence[int], **options: Any) -> None:
@@ -118,7 +91,7 @@ async def test_records_mode_equals_a_decode_of_the_full_capture(fmt: str, tmp_pa
     full = CaptureRecorder(tmp_path / "full")
     records = CaptureRecorder(tmp_path / "records", mode="records", payload_prefix=8)
     try:
-        await _traffic(fmt, _Tee(full, records), (1, 5_000, 70_001, 300_003), **_options(fmt))
+        await _traffic(fmt, Tee(full, records), (1, 5_000, 70_001, 300_003), **_options(fmt))
     finally:
         full.close()
         records.close()

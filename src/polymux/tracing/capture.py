@@ -159,6 +159,17 @@ class Capture:
 # -- reading -------------------------------------------------------------------------------
 
 
+def _described(meta: dict[str, str]) -> dict[str, Any]:
+    """The session's description from a file's metadata, shared by captures and frames
+    files (a bad ``seq`` reads as 0)."""
+    try:
+        seq = int(meta.get("seq", "0"))
+    except ValueError:
+        seq = 0
+    fields = {key: meta.get(key, "") for key in ("session", "format", "role", "local", "peer")}
+    return {**fields, "seq": seq, "metadata": meta}
+
+
 def _from_table(table: pa.Table, where: str) -> Capture:
     raw = table.schema.metadata or {}
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
@@ -182,20 +193,7 @@ def _from_table(table: pa.Table, where: str) -> Capture:
         if d not in (C2S, S2C) or t is None or data is None:
             raise ValueError(f"{where}: capture row has direction {d!r}, time {t!r}; expected c2s/s2c")
         chunks.append((t, d, data))
-    try:
-        seq = int(meta.get("seq", "0"))
-    except ValueError:
-        seq = 0
-    return Capture(
-        session=meta.get("session", ""),
-        format=meta.get("format", ""),
-        role=meta.get("role", ""),
-        local=meta.get("local", ""),
-        peer=meta.get("peer", ""),
-        chunks=chunks,
-        seq=seq,
-        metadata=meta,
-    )
+    return Capture(chunks=chunks, **_described(meta))
 
 
 def read_capture(path: str | os.PathLike[str]) -> Capture:
@@ -481,21 +479,7 @@ def _frames_from_table(table: pa.Table, where: str) -> Frames:
     columns = [table.column(name).to_pylist() if name in names else [None] * n for name, _ in FRAME_FIELDS]
     records = [FrameRecord._make(row) for row in zip(*columns, strict=True)]
     payloads = table.column("payload").to_pylist() if "payload" in names else [None] * n
-    try:
-        seq = int(meta.get("seq", "0"))
-    except ValueError:
-        seq = 0
-    return Frames(
-        session=meta.get("session", ""),
-        format=meta.get("format", ""),
-        role=meta.get("role", ""),
-        local=meta.get("local", ""),
-        peer=meta.get("peer", ""),
-        records=records,
-        payloads=payloads,
-        seq=seq,
-        metadata=meta,
-    )
+    return Frames(records=records, payloads=payloads, **_described(meta))
 
 
 def read_frames(path: str | os.PathLike[str]) -> Frames:
