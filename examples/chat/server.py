@@ -45,7 +45,6 @@ from polymux.apps.common import (
     parse_size,
     run,
     session_options,
-    two_way,
 )
 from polymux.apps.webchat import WebChat
 from polymux.web import static_files
@@ -159,8 +158,6 @@ def parse_args() -> argparse.Namespace:
         parser.error(str(exc))
     if args.queue < 1:
         parser.error("--queue must be >= 1")
-    if not two_way(args.protocol):
-        parser.error(f"{args.protocol} channels are one-way; the chat needs two-way channels")
     return args
 
 

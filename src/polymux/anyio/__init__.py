@@ -355,7 +355,10 @@ class AnyioSession:
                         handle = core.open_channel(name)
                         break
                     except NoRoomToOpen:
-                        self._room = anyio.Event()
+                        # One event for every waiting open (each making its own would
+                        # leave all but the last unwoken): a new one once it has fired.
+                        if self._room.is_set():
+                            self._room = anyio.Event()
                         await self._room.wait()
                         if self._room_error is not None:
                             error, self._room_error = self._room_error, None

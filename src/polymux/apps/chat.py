@@ -259,7 +259,9 @@ class ChatClient:
         """Join ``room`` (a new channel); return the welcome record. Raises
         ``ValueError`` with the server's message if it refuses."""
         check_label("room", room)
-        reader, writer = await self.session.open_channel(CHANNEL_PREFIX + room)
+        # A pair of streams on one-way formats (omnistreams): a room talks both ways.
+        async with asyncio.timeout(self.session.config.handshake_timeout):
+            reader, writer = await self.session.open_pair(CHANNEL_PREFIX + room)
         write_record(writer, {"type": "join", "room": room, "nick": self.nick})
         await writer.drain()
         welcome = await read_record(reader)
