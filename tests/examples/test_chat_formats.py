@@ -28,20 +28,21 @@ async def test_two_members_talk_over_every_format(protocol: str) -> None:
     listener = await polymux.start_server(
         server.handle, "127.0.0.1", 0, protocol=protocol, **conversation_options(protocol)
     )
-    async with asyncio.timeout(20), listener:
-        async with (
-            await polymux.connect("127.0.0.1", listener.port, protocol=protocol) as one,
-            await polymux.connect("127.0.0.1", listener.port, protocol=protocol) as two,
-        ):
-            alice, bob = ChatClient(one, "alice"), ChatClient(two, "bob")
-            await alice.join("lobby")
-            await bob.join("lobby")
-            await alice.say("lobby", "hello bob")
-            got = await next_message(bob, "lobby")
-            assert (got["nick"], got["text"]) == ("alice", "hello bob")
-            await bob.say("lobby", "hello alice")
-            while (got := await next_message(alice, "lobby"))["nick"] != "bob":
-                pass
-            assert got["text"] == "hello alice"
-            await alice.leave("lobby")
-            await bob.leave("lobby")
+    async with (
+        asyncio.timeout(20),
+        listener,
+        await polymux.connect("127.0.0.1", listener.port, protocol=protocol) as one,
+        await polymux.connect("127.0.0.1", listener.port, protocol=protocol) as two,
+    ):
+        alice, bob = ChatClient(one, "alice"), ChatClient(two, "bob")
+        await alice.join("lobby")
+        await bob.join("lobby")
+        await alice.say("lobby", "hello bob")
+        got = await next_message(bob, "lobby")
+        assert (got["nick"], got["text"]) == ("alice", "hello bob")
+        await bob.say("lobby", "hello alice")
+        while (got := await next_message(alice, "lobby"))["nick"] != "bob":
+            pass
+        assert got["text"] == "hello alice"
+        await alice.leave("lobby")
+        await bob.leave("lobby")
