@@ -148,3 +148,102 @@ async def test_downloads_and_refusals(served: tuple[polymux.Server, WebChat, lis
         writer.close()
     assert any("a channel named 'nonsense'" in line for line in lines), lines
     assert any(line.startswith("sent: sub/a.bin (683.6 KiB") for line in lines), lines
+
+
+async def raw_request(port: int, path: str, host: str | None, *, upgrade: bool = False) -> tuple[int, bytes]:
+    """Send one HTTP/1.1 GET to 127.0.0.1:``port`` with ``Host: host`` (none if ``None``),
+    as a WebSocket upgrade if asked (a browser's, Origin included); the status and body."""
+    lines = [f"GET {path} HTTP/1.1"]
+    if host is not None:
+        lines.append(f"Host: {host}")
+    if upgrade:
+        lines += [
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version: 13",
+        ]
+        if host is not None:
+            lines.append(f"Origin: http://{host}")
+    else:
+        lines.append("Connection: close")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(10):
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+            await writer.drain()
+            status = await reader.readline()
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (
+                    int(h.split(b":")[1])
+                    for h in head.split(b"\r\n")
+                    if h.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
+            body = await reader.readexactly(length) if length else b""
+    finally:
+        writer.close()
+    return int(status.split()[1]), body
+
+
+async def test_dns_rebinding_foreign_hosts_are_refused(
+    served: tuple[polymux.Server, WebChat, list[str]],
+) -> None:
+    """A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) sends its
+    own name in Host, and a matching Origin: the page, its data and the WebSocket upgrade
+    are all refused with a 421. Loopback names and the address the server listens on are
+    served; a missing or malformed Host is refused."""
+    server, _web, _lines = served
+    port = server.port
+    for host in (
+        "rebind.example",
+        f"rebind.example:{port}",
+        f"attacker.localhost.example:{port}",
+        "127.0.0.1.nip.io",
+    ):
+        for path in ("/", "/stats.json", CLIENT_URL):
+            status, body = await raw_request(port, path, host)
+            assert status == 421, (host, path, status, body)
+            assert b"does not answer for host" in body
+        status, body = await raw_request(port, "/ws", host, upgrade=True)
+        assert status == 421, (host, status, body)
+    for host in (None, "", "a b", "[zz]:1", "rebind.example:port"):
+        assert (await raw_request(port, "/", host))[0] == 421, host
+    for host in (
+        f"127.0.0.1:{port}",
+        f"localhost:{port}",
+        "LOCALHOST",
+        "localhost.",
+        f"[::1]:{port}",
+        "app.localhost",
+        "127.0.0.2",
+    ):
+        assert (await raw_request(port, "/", host))[0] == 200, host
+        assert (await raw_request(port, "/stats.json", host))[0] == 200, host
+        assert (await raw_request(port, "/ws", host, upgrade=True))[0] == 101, host
+
+
+async def test_allowed_hosts_adds_names(tmp_path: Path) -> None:
+    web = WebChat(ChatServer(log=lambda line: None), tmp_path / "files", log=lambda line: None)
+    hook = static_files({"/": b"page"}, allowed_hosts=["Chat.Example.", "10.1.2.3"])
+    with pytest.raises(ValueError, match="not a host name: 'a/b'"):
+        static_files({}, allowed_hosts=["a/b"])
+    server = await polymux.serve_websocket(web.handle, "127.0.0.1", 0, process_request=hook)
+    try:
+        port = server.port
+        for host in ("chat.example", f"CHAT.example.:{port}", "10.1.2.3", f"127.0.0.1:{port}"):
+            assert (await raw_request(port, "/", host))[0] == 200, host
+            assert (await raw_request(port, "/ws", host, upgrade=True))[0] == 101, host
+        for host in ("other.example", "sub.chat.example", "10.1.2.4"):
+            assert (await raw_request(port, "/", host))[0] == 421, host
+            assert (await raw_request(port, "/ws", host, upgrade=True))[0] == 421, host
+    finally:
+        await asyncio.wait_for(server.aclose(), 10)
+    anything = static_files({"/": b"page"}, allowed_hosts="*")
+    server = await polymux.serve_websocket(web.handle, "127.0.0.1", 0, process_request=anything)
+    try:
+        assert (await raw_request(server.port, "/", "any.example"))[0] == 200
+    finally:
+        await asyncio.wait_for(server.aclose(), 10)
