@@ -15,7 +15,8 @@ keep their recent messages while empty (``history`` per room, ``history_bytes`` 
 so a page reloaded, or a client that reconnects, sees what was said. ``nick {nick}``
 renames a member (the room gets ``renamed``); a ``say`` that is blank or longer than
 ``MAX_TEXT`` characters, and a nick that is taken or not a valid label, are refused with
-``error {message, refused: "say" | "nick"}`` and the channel stays open. ``left`` says
+``error {message, refused: "say" | "nick"}`` and the channel stays open; a record the
+server cannot use closes the channel after ``error {message, closing: true}``. ``left`` says
 why: ``left`` (a leave, or the client closed the channel or its connection),
 ``connection lost`` (cut), or the slow-member policy's reason.
 
@@ -238,6 +239,9 @@ class ChatServer:
             reason = "disconnected: bad record"
             if member is None or not member.gone:
                 self.log(f"error: channel from {peer}: {exc}")
+                with contextlib.suppress(Exception):  # say why before closing the channel
+                    message = f"the server closed the room after a record it cannot use ({exc})"
+                    write_record(writer, {"type": "error", "message": message, "closing": True})
         finally:
             if member is not None:
                 self._leave(member, reason)
