@@ -250,6 +250,30 @@ class Page:
             raise PageError(f"cannot open {url}: {result['errorText']}")
         await self._loaded.wait()
 
+    async def fake_response(self, url_pattern: str, body: bytes, content_type: str = "text/html") -> None:
+        """Answer this tab's requests matching ``url_pattern`` (``*`` wildcards) with ``body``
+        instead of the network (the Fetch domain); other requests go out as usual. A page
+        "served" by a site the test does not run (another origin, say)."""
+        tasks: set[asyncio.Task[Any]] = set()
+
+        def on_event(method: str, params: dict[str, Any], session: str | None) -> None:
+            if session != self.session or method != "Fetch.requestPaused":
+                return
+            answer = {
+                "requestId": params["requestId"],
+                "responseCode": 200,
+                "responseHeaders": [{"name": "Content-Type", "value": content_type}],
+                "body": base64.b64encode(body).decode(),
+            }
+            task = asyncio.ensure_future(self.send("Fetch.fulfillRequest", answer))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        self.browser.listen(on_event)
+        await self.send(
+            "Fetch.enable", {"patterns": [{"urlPattern": url_pattern, "requestStage": "Request"}]}
+        )
+
     async def reload(self) -> None:
         """Reload the page, as a person does (F5), and wait for the load event."""
         self._loaded.clear()

@@ -70,6 +70,7 @@ export function formatBytes(n) {
 }
 
 const count = n => n.toLocaleString('en-US')
+const short = (text, n = 16) => (characters(text) > n ? `${[...text].slice(0, n - 1).join('')}…` : text)
 const characters = text => [...text].length // code points, as Python's len() counts them
 
 function clock(seconds) {
@@ -242,10 +243,10 @@ function drawComposer() {
 	$('#text').disabled = !ready
 	$('#send').disabled = !ready || !$('#text').value.trim()
 	let hint = 'join a room, then type here'
-	if (view && !state.session) hint = 'not connected: wait for the connection to come back'
-	else if (view && view.state === 'closed') hint = `#${view.room} is closed: press Rejoin (or Join) to go back`
-	else if (view && view.state === 'joined') hint = `message #${view.room} as ${view.nick}`
-	else if (view) hint = `joining #${view.room}…`
+	if (view && !state.session) hint = 'not connected…'
+	else if (view && view.state === 'closed') hint = `#${short(view.room)} is closed: Rejoin to write here`
+	else if (view && view.state === 'joined') hint = `message #${short(view.room)} as ${short(view.nick)}`
+	else if (view) hint = `joining #${short(view.room)}…`
 	$('#text').placeholder = hint
 }
 
@@ -271,6 +272,7 @@ async function join(room) {
 		$('#messages').append(view.list)
 	}
 	select(room, true)
+	view.focus = true // a person asked: the message box is next
 	return enter(view, { again: Boolean(existing) })
 }
 
@@ -307,7 +309,8 @@ async function enter(view, { again = false } = {}) {
 			drawComposer()
 			drawMembers()
 			const focus = document.activeElement
-			if (!focus || focus === document.body) $('#text').focus()
+			if (view.focus || !focus || focus === document.body) $('#text').focus()
+			view.focus = false
 		}
 		save()
 		readRoom(view, channel, reader)
@@ -377,6 +380,8 @@ function onRecord(view, record) {
 			view.members.add(record.nick)
 			if (record.old === view.nick) {
 				view.nick = record.nick
+				view.renaming = false
+				view.nickRefusal = ''
 				notice(view, `You are now ${record.nick}.`)
 				nickChanged()
 			} else {
@@ -389,6 +394,8 @@ function onRecord(view, record) {
 		case 'error':
 			if (record.refused === 'say') notice(view, `Not sent: ${record.message}.`, 'bad')
 			else if (record.refused === 'nick') {
+				view.renaming = false
+				view.nickRefusal = record.message
 				notice(view, `Your nick stays ${view.nick} here: ${record.message}.`, 'bad')
 				nickChanged()
 			} else if (record.closing) view.lastError = record.message // the reason of the close that follows
@@ -580,6 +587,7 @@ function fitText() {
 	const text = $('#text')
 	text.style.height = 'auto'
 	text.style.height = `${Math.min(text.scrollHeight + 2, 160)}px`
+	text.style.overflowY = text.scrollHeight + 2 > 160 ? 'auto' : 'hidden'
 }
 
 async function say(text) {
@@ -610,15 +618,32 @@ function setNick(nick) {
 	localStorage.setItem('polymux-webchat-nick', nick)
 	const joined = [...state.rooms.values()].filter(view => view.state === 'joined' && view.nick !== nick)
 	if (joined.length) alertLine(`Changing your nick to ${nick} in ${joined.map(v => `#${v.room}`).join(', ')}…`, 'info', 'nick')
-	for (const view of joined) view.channel.write(encodeRecord({ type: 'nick', nick })).catch(() => {})
+	for (const view of joined) {
+		view.renaming = true
+		view.channel.write(encodeRecord({ type: 'nick', nick })).catch(() => (view.renaming = false))
+	}
 	save()
 }
 
+/** Once every room answered a rename: say how it went; refused everywhere, the old nick stays. */
 function nickChanged() {
 	const joined = [...state.rooms.values()].filter(view => view.state === 'joined')
+	if (joined.some(view => view.renaming)) return
 	const stuck = joined.filter(view => view.nick !== state.nick)
-	if (!stuck.length) alertLine(joined.length ? `You are ${state.nick} in ${joined.map(v => `#${v.room}`).join(', ')}.` : '', 'info', 'nick')
-	else alertLine(`You are still ${stuck.map(v => `${v.nick} in #${v.room}`).join(', ')} (see the room for why).`, 'bad', 'nick')
+	const where = views => views.map(v => `#${v.room}`).join(', ')
+	if (!stuck.length) {
+		alertLine(joined.length ? `You are ${state.nick} in ${where(joined)}.` : '', 'info', 'nick')
+	} else if (stuck.length === joined.length && new Set(stuck.map(v => v.nick)).size === 1) {
+		const why = stuck.map(v => v.nickRefusal).find(Boolean) || `${state.nick} cannot be used`
+		state.nick = stuck[0].nick
+		$('#nick').value = state.nick
+		localStorage.setItem('polymux-webchat-nick', state.nick)
+		save()
+		alertLine(`Your nick stays ${state.nick}: ${why}.`, 'bad', 'nick')
+	} else {
+		const why = stuck.map(v => `${v.nick} in #${v.room}${v.nickRefusal ? ` (${v.nickRefusal})` : ''}`).join(', ')
+		alertLine(`You are ${state.nick} in ${where(joined.filter(v => !stuck.includes(v)))}, but still ${why}.`, 'bad', 'nick')
+	}
 	drawComposer()
 	drawMembers()
 }
@@ -711,7 +736,7 @@ class Transfer {
 		this.from = from
 		this.done = from
 		this.bar.max = Math.max(size, 1)
-		if (from && this.kind === 'upload') this.row.dataset.resumedFrom = from
+		if (from) this.row.dataset.resumedFrom = from
 		this.samples = []
 		this.setState('running')
 		this.progress(from)
@@ -937,15 +962,16 @@ function download(name) {
 // -- the list of files on the server ------------------------------------------------------------
 
 function showFiles(answer) {
-	const before = new Set(state.files.map(f => f.name))
+	const before = state.listed ? new Set(state.files.map(f => f.name)) : null
 	state.files = answer.files
+	state.listed = true
 	const rows = answer.files.map(file => {
 		const link = element('a', { href: '#', className: 'get', 'data-name': file.name, title: `Download ${file.name}` }, element('span', { className: 'name' }, file.name), element('span', { className: 'size' }, formatBytes(file.size)))
 		link.addEventListener('click', event => {
 			event.preventDefault()
 			download(file.name)
 		})
-		const fresh = before.size && !before.has(file.name)
+		const fresh = before !== null && !before.has(file.name) // new since the list was last shown
 		return element('li', { 'data-name': file.name, 'data-size': file.size, className: fresh ? 'fresh' : '' }, link)
 	})
 	if (!rows.length) rows.push(element('li', { className: 'empty' }, 'No files yet: drop one on the page.'))
