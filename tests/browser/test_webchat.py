@@ -188,6 +188,14 @@ async def test_page_and_terminal_chat_both_ways(
         await say_in_page(page, "bye ada")
         assert await client.wait() == 0, client.describe()
         assert "[#lobby] web: bye ada" in client.out, client.describe()
+        # A plain leave reads as one (not "ada left (left)"), and the member list follows.
+        await page.wait_for(
+            "[...document.querySelectorAll('ol[data-room=lobby] li.notice .text')].some(t => t.textContent === 'ada left')"
+        )
+        members = await page.evaluate(
+            "[...document.querySelectorAll('#members li')].map(li => li.dataset.nick)"
+        )
+        assert members == ["web"]  # term left with its session, ada with client.py
     assert page.errors == []
 
 

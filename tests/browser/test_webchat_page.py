@@ -93,11 +93,14 @@ def js(value: object) -> str:
     return json.dumps(value)
 
 
-async def joined(page: Page, room: str) -> str:
-    """Wait until the page has joined ``room`` (its latest join notice); the notice's text."""
+async def joined(page: Page, room: str, prefix: str = "") -> str:
+    """Wait until the page has joined ``room``, its latest join notice starting with
+    ``prefix``; the notice's text."""
     text: str = await page.wait_for(
-        f"""(o => o && o.querySelector('li.joined:last-of-type .text')?.textContent)
-            (document.querySelector('ol[data-room={js(room)}]'))"""
+        f"""(o => {{
+                const last = o && [...o.querySelectorAll('li.joined .text')].pop()?.textContent
+                return last && last.startsWith({js(prefix)}) && last
+            }})(document.querySelector('ol[data-room={js(room)}]'))"""
     )
     return text
 
@@ -321,7 +324,7 @@ async def test_reconnect_after_a_server_restart(
         await webchat.start_again()
         await page.wait_for("document.querySelector('#status').dataset.state === 'ok'", timeout=40)
         back_after = time.monotonic() - started
-        assert (await joined(page, "lobby")).startswith("You are back in #lobby as web")
+        await joined(page, "lobby", "You are back in #lobby as web")
         assert await page.evaluate("window.notReloaded") is True
         up = await transfer_done(page, "upload", "up.bin")
         down = await transfer_done(page, "download", "down.bin")
@@ -386,8 +389,7 @@ async def test_reload_keeps_the_room_and_new_files_show_everywhere(
 
             # ada reloads: same nick, same room, the messages and the files are still there.
             await ada.reload()
-            back = await joined(ada, "lobby")
-            assert back.startswith("You joined #lobby as ada"), back
+            await joined(ada, "lobby", "You joined #lobby as ada")
             await ada.wait_for("document.querySelector('#listing a.get[data-name=\"agenda.txt\"]')")
             texts = await ada.evaluate(
                 "[...document.querySelectorAll('ol[data-room=lobby] li.msg .text, ol[data-room=lobby] li.file .text')].map(t => t.textContent)"
@@ -513,7 +515,7 @@ async def test_input_is_checked(browser: Browser, webchat: WebChatServer, artifa
             assert "Rejoin" in await page.evaluate("document.querySelector('#text').placeholder")
             await page.screenshot(artifacts / "input-closed-room.png")
             await submit_join(page, "ada2", "dev")
-            assert (await joined(page, "dev")).startswith("You are back in #dev as ada2")
+            await joined(page, "dev", "You are back in #dev as ada2")
             assert await page.evaluate("document.querySelectorAll('.tab[data-room=dev]').length") == 1
             await say_in_page(page, "back again")
             await message_at_terminal(term, "dev", "ada2", "back again")
