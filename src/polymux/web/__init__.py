@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_URL",
-    "LOOPBACK_NAMES",
     "StaticSource",
     "client_path",
     "client_source",
@@ -51,11 +50,6 @@ CLIENT_URL = "/polymux/omnistreams.js"
 """Where :func:`static_files` serves ``omnistreams.js`` unless told otherwise."""
 
 _CLIENT = "omnistreams.js"
-
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "127.0.0.1", "::1"})
-"""Host names :func:`static_files` always answers (with names under ``.localhost`` and any
-loopback address): they can only reach this machine, so no other site's page can send
-them under DNS rebinding."""
 
 _TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".html": "text/html", ".css": "text/css"}
 
