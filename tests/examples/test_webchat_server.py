@@ -308,6 +308,10 @@ async def test_live_file_list_and_room_notice(served: tuple[polymux.Server, WebC
         while (record := await bob.read("lobby")) is not None and record["type"] != "msg":
             assert record["type"] != "file", record
         assert web.stats()["watchers"] == 1
+        # A file that came another way shows when the list is asked for.
+        (web.root / "copied.txt").write_bytes(b"cp")
+        listed, _, _ = await ask(watcher, "files/list", {"type": "list"})
+        assert [f["name"] for f in listed["files"]] == ["copied.txt", "forged.txt", "notes.txt"]
         writer.write_eof()  # the page stops watching
         assert await read_record(reader) is None
         async with asyncio.timeout(10):

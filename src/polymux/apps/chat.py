@@ -91,8 +91,9 @@ def check_label(what: str, value: object) -> str:
 
 class History:
     """The recent ``msg`` and ``file`` records of each room, bounded: at most ``per_room``
-    records per room and about ``max_bytes`` of text over all rooms (the rooms whose last
-    record is oldest lose their oldest records first)."""
+    records per room and ``max_bytes`` over all rooms, counting each record's strings in
+    UTF-8 and 64 bytes more (the rooms whose last record is oldest lose their oldest
+    records first)."""
 
     def __init__(self, per_room: int = 100, max_bytes: int = 4 << 20) -> None:
         if per_room < 0 or max_bytes < 0:
@@ -100,12 +101,14 @@ class History:
         self.per_room = per_room
         self.max_bytes = max_bytes
         self.bytes = 0
-        """What the kept records weigh (their texts and names, plus 64 bytes each)."""
+        """What the kept records weigh (their strings in UTF-8, plus 64 bytes each)."""
         self._rooms: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
 
     @staticmethod
     def _weight(record: dict[str, Any]) -> int:
-        return 64 + sum(len(v) for v in record.values() if isinstance(v, str))
+        return 64 + sum(
+            len(v.encode("utf-8", "surrogatepass")) for v in record.values() if isinstance(v, str)
+        )
 
     def add(self, room: str, record: dict[str, Any]) -> None:
         """Keep ``record`` as the newest of ``room``."""

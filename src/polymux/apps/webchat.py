@@ -164,6 +164,7 @@ class WebChat:
         request = await read_record(reader)
         if request is None or request["type"] != "list":
             raise RecordError(f"expected a list record, got {request and request['type']!r}")
+        self._listing = None  # asked for: look again (files may come by other ways than uploads)
         write_record(writer, {"type": "files", **await self._current_listing()})
         await writer.drain()
 
