@@ -384,6 +384,9 @@ async def test_reload_keeps_the_room_and_new_files_show_everywhere(
                 "document.querySelector('ol[data-room=lobby] li.file .text')?.textContent"
             )
             assert told == "ada put agenda.txt (11 B) on the server"
+            await bob.evaluate("document.querySelector('ol[data-room=lobby] li.file button.get').click()")
+            got = await transfer_done(bob, "download", note.name)
+            assert got["sha256"] == sha256(note)
             record = await message_at_terminal_kind(term, "lobby", "file")
             assert (record["nick"], record["name"], record["size"]) == ("ada", "agenda.txt", 11)
 

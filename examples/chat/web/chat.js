@@ -244,9 +244,9 @@ function drawComposer() {
 	$('#send').disabled = !ready || !$('#text').value.trim()
 	let hint = 'join a room, then type here'
 	if (view && !state.session) hint = 'not connected…'
-	else if (view && view.state === 'closed') hint = `#${short(view.room)} is closed: Rejoin to write here`
-	else if (view && view.state === 'joined') hint = `message #${short(view.room)} as ${short(view.nick)}`
-	else if (view) hint = `joining #${short(view.room)}…`
+	else if (view && view.state === 'closed') hint = `#${short(view.room, 14)} is closed: Rejoin`
+	else if (view && view.state === 'joined') hint = `message #${short(view.room, 14)}`
+	else if (view) hint = `joining #${short(view.room, 14)}…`
 	$('#text').placeholder = hint
 }
 
@@ -454,9 +454,10 @@ function fileNotice(view, record) {
 	const key = messageKey(record)
 	if (view.seen.has(key)) return
 	view.seen.add(key)
-	const get = element('button', { type: 'button', className: 'get', 'data-name': record.name }, 'Download')
-	get.addEventListener('click', () => download(record.name))
-	const who = record.nick === view.nick ? 'You' : record.nick
+	const mine = record.nick === view.nick
+	const get = mine ? null : element('button', { type: 'button', className: 'get', 'data-name': record.name }, 'Download')
+	get?.addEventListener('click', () => download(record.name))
+	const who = mine ? 'You' : record.nick
 	const item = element(
 		'li',
 		{ className: 'notice file', 'data-name': record.name },
