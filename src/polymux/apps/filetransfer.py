@@ -172,16 +172,24 @@ class Receiver:
     polymux server (or of a client session the sender connects to).
 
     ``log(line)`` gets one line per file (received, refused, interrupted, failed).
-    ``max_size`` refuses larger files.
+    ``max_size`` refuses larger files. ``on_file(name, size, offer, peer)`` is called for
+    each file received and verified (not for one that was there unchanged), with the
+    sender's offer record (any extra fields it carried) and its address.
     """
 
     def __init__(
-        self, root: Path, *, log: Callable[[str], None] | None = None, max_size: int | None = None
+        self,
+        root: Path,
+        *,
+        log: Callable[[str], None] | None = None,
+        max_size: int | None = None,
+        on_file: Callable[[str, int, dict[str, Any], str], None] | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = log or (lambda line: print(line, flush=True))
         self.max_size = max_size
+        self.on_file = on_file
         self.stats = ReceiverStats()
         """Counters of what happened."""
         self._busy: dict[Path, asyncio.Event] = {}  # set when that transfer ends
@@ -234,10 +242,12 @@ class Receiver:
             )
         done = self._busy[target] = asyncio.Event()
         try:
-            await self._receive_into(reader, writer, peer, name, size, target)
+            fresh = await self._receive_into(reader, writer, peer, name, size, target)
         finally:
             del self._busy[target]
             done.set()
+        if fresh and self.on_file is not None:
+            self.on_file(name, size, offer, peer)
 
     async def _receive_into(
         self,
@@ -247,7 +257,8 @@ class Receiver:
         name: str,
         size: int,
         target: Path,
-    ) -> None:
+    ) -> bool:
+        """Receive into ``target``; True for a new file (False: it was there unchanged)."""
         part = target.with_name(target.name + PART_SUFFIX)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.parent.resolve().is_relative_to(self.root):
@@ -321,6 +332,7 @@ class Receiver:
             self.stats.files += 1
             note = f", resumed at {format_bytes(offset)}" if offset else ""
             self.log(f"received: {name} ({format_bytes(size)}, sha256 {actual[:16]} ok{note}) from {peer}")
+        return not unchanged
 
     def _interrupted(self, name: str, peer: str, have: int, size: int, why: str) -> None:
         self.stats.interrupted += 1
