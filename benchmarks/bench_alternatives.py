@@ -88,9 +88,7 @@ def polymux_asyncio(tls: tuple[ssl.SSLContext, ssl.SSLContext] | None) -> Case:
         import polymux
 
         server_ssl, client_ssl = tls if tls else (None, None)
-        server = await polymux.start_server(
-            _asyncio_count, "127.0.0.1", 0, protocol="yamux", ssl=server_ssl
-        )
+        server = await polymux.start_server(_asyncio_count, "127.0.0.1", 0, protocol="yamux", ssl=server_ssl)
         async with (
             server,
             await polymux.connect(
@@ -126,9 +124,7 @@ async def asyncssh_case(n: int, size: int) -> float:
         encoding=None, **algs,
     )  # fmt: skip
     port = server.sockets[0].getsockname()[1]
-    async with asyncssh.connect(
-        "127.0.0.1", port, known_hosts=None, username="bench", **algs
-    ) as conn:
+    async with asyncssh.connect("127.0.0.1", port, known_hosts=None, username="bench", **algs) as conn:
         pairs = []
         for _ in range(n):
             stdin, stdout, _stderr = await conn.open_session(encoding=None)
@@ -231,10 +227,12 @@ def polymux_trio(protocol: str) -> Case:
         listener, port = await _listener()
 
         async def serve(stream: Any) -> None:
-            async with polymux.anyio.session(stream, protocol=protocol, is_client=False) as s:
-                async with anyio.create_task_group() as channels:
-                    for _ in range(n):
-                        channels.start_soon(_anyio_count, await s.accept_channel())
+            async with (
+                polymux.anyio.session(stream, protocol=protocol, is_client=False) as s,
+                anyio.create_task_group() as channels,
+            ):
+                for _ in range(n):
+                    channels.start_soon(_anyio_count, await s.accept_channel())
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, serve)
@@ -378,7 +376,7 @@ def measure(
             for name, case in rows:
                 try:
                     times[name, n].append(run(case, n, size))
-                except Exception as exc:  # a failed row is shown, the others go on
+                except Exception as exc:  # noqa: BLE001 - a failed row is shown, the others go on
                     print(f"  run {i + 1}: {name}, {n} ch: FAILED: {exc!r}", file=sys.stderr)
                 print(f"  run {i + 1}/{repeat}: {name}, {n} ch", file=sys.stderr, flush=True)
     return times
