@@ -683,3 +683,59 @@ async def test_client_notices_a_silent_cut_within_keepalive(fmt: str, busy: bool
     finally:
         await hole.aclose()
         server.close()
+
+
+# -- 7. what a peer can make us send per byte it sends ----------------------------------------
+
+AMPLIFICATION = 2.0
+"""SECURITY.md: answers (ping answers, acknowledgements, credit, refusals) cost at most
+twice the bytes of what asked for them."""
+
+
+@pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
+async def test_answers_cost_at_most_twice_what_asked_for_them(fmt: str) -> None:
+    """Every frame a peer can send that makes us answer, at the peer's cheapest: pings (an
+    answer each), 200 opens (accepted or refused: an answer each; omnistreams with a
+    chunkSize of 1 byte, whose window was granted as 4,112 REQUEST_DATA messages), a
+    thousand 1-byte data frames (credit returned as the application reads), and the ends.
+    The server's whole answer, read to the last byte, is at most twice what we sent."""
+    async with ServerProcess(fmt, "discard", keepalive_interval=None) as server:
+        peer = await RawPeer.connect(server.port, fmt, send_frame=1)  # omnistreams: chunkSize 1
+        try:
+            await peer.handshake()
+            before = peer.received
+            burst = bytearray()
+            engine = peer.engine
+            if engine.has_ping and engine.ping_answered:
+                burst += await _ping_bytes(peer, 1000)
+            handles = []
+            with contextlib.suppress(RuntimeError, polymux.LimitExceeded):
+                for i in range(200):
+                    handles.append(engine.open_channel(f"c{i}"))
+            burst += peer.take()
+            await peer.send(bytes(burst))
+            # Credit comes with the acceptance, or after it (omnistreams).
+            await peer.until(lambda: all(engine.send_credit(h) > 0 for h in handles), timeout=30)
+            for _ in range(5):
+                for h in handles:
+                    if engine.send_credit(h) > 0:
+                        engine.send_data(h, b"x")
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    engine.end_channel(h)
+            rest = peer.take()
+            await peer.send(rest)
+            sent = len(burst) + len(rest)
+            # Read the answers until the server has nothing more to say for 0.5 s.
+            received = peer.received - before
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    async with asyncio.timeout(0.5):
+                        data = await peer.loop.sock_recv(peer.sock, 1 << 20)
+                    if not data:
+                        break
+                    received += len(data)
+            print(f"{fmt}: {sent} bytes sent, {received} bytes of answers ({received / sent:.2f} x)")
+            assert received <= AMPLIFICATION * sent, (sent, received)
+        finally:
+            peer.close()
