@@ -37,6 +37,17 @@ windows from ever growing."""
 
 logger = logging.getLogger("polymux")
 
+_SLICE = 16 * 1024
+"""Bytes of input processed at a time while a session is in sliced mode."""
+
+_TURN = 0.005
+"""Seconds of work on one read after which a session's input goes in slices of
+:data:`_SLICE` bytes for the next second, as many per loop turn as fit in this time, the
+rest on the next turn: a read of tiny frames (a flood, or a peer's many small messages)
+costs up to half a millisecond per KiB, and a socket read is up to 256 KiB, so one
+connection's read would otherwise hold every other connection of the loop for a tenth of
+a second or more. Reads of large frames take microseconds and are processed whole."""
+
 
 class ChannelProtocols:
     """Serve incoming channels with ``asyncio`` protocols instead of a handler task each.
@@ -123,6 +134,9 @@ class MuxProtocol(asyncio.Protocol):
         self._timer_at: float | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._eof_written = False
+        self._pending_input: memoryview | None = None  # the rest of a read, in sliced mode
+        self._slice_handle: asyncio.Handle | None = None
+        self._sliced_until = 0.0  # perf_counter time until which input goes in slices
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
         self._processing = False
@@ -165,8 +179,37 @@ class MuxProtocol(asyncio.Protocol):
             return
         if self._capture is not None:
             self._capture.received(data)
+        start = time.perf_counter()
+        if len(data) > _SLICE and start < self._sliced_until:
+            self._pending_input = memoryview(data)
+            self._feed_slice()
+            return
         core.receive_data(data, _clock())
         self.process()
+        if time.perf_counter() - start > _TURN:
+            self._sliced_until = start + 1.0
+        if self._drain_waiters:
+            self._wake()
+
+    def _feed_slice(self) -> None:
+        """Process slices of a read held back (sliced mode) for at most :data:`_TURN`, and
+        the rest on the next loop turn; reading the socket stays paused until it is done."""
+        self._slice_handle = None
+        pending = self._pending_input
+        core = self.core
+        if pending is None or self._transport is None or core.failed:
+            self._pending_input = None
+            return
+        start = time.perf_counter()
+        elapsed = 0.0
+        while pending is not None and core.reading and not core.failed and elapsed < _TURN:
+            piece = pending[:_SLICE]
+            pending = self._pending_input = pending[_SLICE:] if len(pending) > _SLICE else None
+            core.receive_data(bytes(piece), _clock())
+            self.process()  # (schedules the next turn's slice while some are left)
+            elapsed = time.perf_counter() - start
+        if elapsed > _TURN:
+            self._sliced_until = start + 1.0
         if self._drain_waiters:
             self._wake()
 
@@ -177,6 +220,10 @@ class MuxProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._pending_input = None
+        if self._slice_handle is not None:
+            self._slice_handle.cancel()
+            self._slice_handle = None
         if self._capture is not None:
             capture, self._capture = self._capture, None
             capture.close()
@@ -290,6 +337,12 @@ class MuxProtocol(asyncio.Protocol):
         finally:
             self._processing = False
         reading = core.reading
+        if self._pending_input is not None:
+            # A read held back (sliced mode): its next slice on the next loop turn; the
+            # socket is not read meanwhile.
+            if reading and self._slice_handle is None and not core.failed:
+                self._slice_handle = self.loop.call_soon(self._feed_slice)
+            reading = False
         transport = self._transport
         if reading != self._reading and transport is not None and not transport.is_closing():
             self._reading = reading

@@ -30,6 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
+from polymux.aio.session import _SLICE, _TURN
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, make_engine
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
@@ -303,6 +304,7 @@ class AnyioSession:
         self._capture: CaptureSink | None = None
         self._processing = False
         self._in_flight = 0  # bytes of the batch the stream is sending
+        self._sliced_until = 0.0  # perf_counter time until which input goes in slices
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
@@ -616,10 +618,33 @@ class AnyioSession:
                     return
                 if self._capture is not None:
                     self._capture.received(data)
-                core.receive_data(data, _clock())
-                self._process()
+                start = time.perf_counter()
+                if len(data) > _SLICE and start < self._sliced_until:
+                    await self._feed_sliced(memoryview(data))
+                else:
+                    core.receive_data(data, _clock())
+                    self._process()
+                if time.perf_counter() - start > _TURN:
+                    self._sliced_until = start + 1.0
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
+
+    async def _feed_sliced(self, data: memoryview) -> None:
+        """A read in slices of :data:`_SLICE` bytes, letting other tasks run whenever
+        :data:`~polymux.aio.session._TURN` has passed, each slice once the core reads
+        again."""
+        core = self.core
+        turn = time.perf_counter()
+        for offset in range(0, len(data), _SLICE):
+            if offset:
+                if time.perf_counter() - turn > _TURN:
+                    await anyio.lowlevel.checkpoint()
+                    turn = time.perf_counter()
+                await self._can_read.wait()
+                if self._done.is_set():
+                    return
+            core.receive_data(bytes(data[offset : offset + _SLICE]), _clock())
+            self._process()
 
     def _end(self, exc: BaseException | None) -> None:
         if self._done.is_set():
