@@ -27,7 +27,8 @@ opens for it (the *connecting* side):
   through the formats' own credit. Per channel the bridge holds at most the receive
   window of the side it reads (``receive_window``; yamux windows grow up to
   ``max_receive_window``), one read, and ``write_buffer_high`` unsent bytes towards the
-  other side; per session at most ``max_session_memory``. Formats without credit on the
+  other side; per bridged pair (the accepted session and the one opened for it) at most
+  ``max_session_memory``, half for each session. Formats without credit on the
   wire (mplex, multiplex, mstream-v1, Streamux, smux v1) apply their ``slow_reader``
   policy on the side they are read from: ``"block"`` (the default) stops reading that
   connection while a channel has ``receive_window`` unread bytes, ``"reset"`` resets the
@@ -50,7 +51,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
@@ -71,7 +72,7 @@ from polymux.config import SessionConfig
 from polymux.exceptions import ChannelReset, PolymuxError
 
 
-__all__ = ["COPY_CHUNK", "NAME_POLICIES", "Bridge", "BridgeStats", "Endpoint", "bridge"]
+__all__ = ["COPY_CHUNK", "NAME_POLICIES", "Bridge", "BridgeStats", "Endpoint", "bridge", "pair_share"]
 
 logger = logging.getLogger("polymux.bridge")
 
@@ -606,9 +607,18 @@ async def _copy(
                 return
             writer.write(data)
             counts[index] += len(data)
+            # Not held while drain() waits: the writer keeps what it has not sent (counted
+            # in the budget); a copy kept here would hold up to a read per channel besides.
+            del data
             await writer.drain()
         except (PolymuxError, OSError) as exc:
             raise _Failed("dst" if index == 0 else "src", exc) from None
+
+
+def pair_share(budget: int) -> int:
+    """The ``max_session_memory`` each session of a bridged pair gets from the pair's
+    ``budget``: half of it (at least 64 KiB), so that the pair holds at most the budget."""
+    return max(64 * 1024, budget // 2)
 
 
 async def bridge(
@@ -638,6 +648,9 @@ async def bridge(
             as they arrive. Each holds one session on the connecting side.
         **options: :class:`~polymux.SessionConfig` fields applied to both sides on top
             (``max_session_memory=``, ``idle_timeout=``, ``capture=`` ...).
+            ``max_session_memory`` is the budget of a bridged *pair*: each of its two
+            sessions gets half of it (:func:`pair_share`; :attr:`Bridge.listen_config` and
+            :attr:`Bridge.connect_config` show the halves).
 
     Returns:
         The running :class:`Bridge` (already listening).
@@ -655,6 +668,10 @@ async def bridge(
         raise ValueError(f"bridge endpoint {far}: a port is needed to connect")
     near_cfg = SessionConfig.from_options(listen_config or config, **options)
     far_cfg = SessionConfig.from_options(connect_config or config, **options)
+    # One budget for a bridged pair, end to end: what the bridge holds for one client is
+    # the two sessions' together, so each gets half of max_session_memory.
+    near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
+    far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)
     await result._start(max_connections)
     return result

@@ -12,6 +12,7 @@ the peak RSS (VmHWM reset at that moment). The figures are printed (``-s``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -137,3 +138,75 @@ async def test_a_slow_reader_holds_back_the_writer_and_the_bridge_stays_bounded(
     path = bound + CHANNELS * (WINDOW + 2 * 256 * 1024) + 2 * 8 * mib
     assert lead <= path, (lead, path)
     assert pushed <= read + path, (pushed, read)
+
+
+async def test_one_budget_for_a_bridged_pair_end_to_end() -> None:
+    """1,024 channels through an mplex -> yamux bridge to an echo server, and a client that
+    never reads the echoes: the bridge holds both directions of every channel, on both of
+    its sessions. Both together stay within one max_session_memory (32 MiB by default;
+    each session gets half), not one per session (it grew by 68-71 MiB)."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, polymux.PolymuxError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+    server = await polymux.start_server(echo, "127.0.0.1", 0, protocol="yamux")
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable, str(PROBE), "mplex:tcp:127.0.0.1:0", f"yamux:tcp:127.0.0.1:{server.port}", "{}",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert probe.stdin is not None and probe.stdout is not None
+    session: polymux.Session | None = None
+    try:
+        ready = (await asyncio.wait_for(probe.stdout.readline(), 30)).decode().split()
+        assert ready[:1] == ["READY"], ready
+        probe.stdin.write(b"mark\n")
+        session = await polymux.connect("127.0.0.1", int(ready[1]), protocol="mplex")
+        chunk = bytes(64 * 1024)
+        sent = 0
+
+        async def flood(i: int) -> None:
+            nonlocal sent
+            assert session is not None
+            _reader, writer = await session.open_channel(f"c{i}")  # kept: never read
+            with contextlib.suppress(ConnectionError, polymux.PolymuxError):
+                for _ in range(16):  # 1 MiB a channel: 1 GiB offered, far beyond any budget
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += len(chunk)
+
+        tasks = [asyncio.ensure_future(flood(i)) for i in range(1024)]
+        # Until nothing moves any more: every buffer on the way is full.
+        last = -1
+        while sent != last:
+            last = sent
+            await asyncio.sleep(2.0)  # a period to compare progress over, not synchronisation
+        probe.stdin.write(b"report\n")
+        report = json.loads(await asyncio.wait_for(probe.stdout.readline(), 30))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        if session is not None:
+            session.abort()
+        if probe.returncode is None:
+            probe.stdin.write(b"stop\n")
+            try:
+                await asyncio.wait_for(probe.wait(), 10)
+            except TimeoutError:
+                probe.kill()
+                await probe.wait()
+        server.close()
+    mib = 1 << 20
+    budget = polymux.SessionConfig().max_session_memory
+    print(
+        f"\nmplex -> bridge -> yamux echo, 1,024 channels never read: {sent / mib:.0f} MiB taken in; "
+        f"bridge: tracemalloc peak +{report['traced_peak'] / mib:.1f} MiB, peak RSS "
+        f"+{report['hwm_growth'] / mib:.1f} MiB (pair budget {budget / mib:.0f} MiB)"
+    )
+    # The pair's budget, plus per-channel bookkeeping (two channels, tasks and readers per
+    # bridged channel: about 4 KiB each) and the sockets' reads and batches.
+    slack = 1024 * 8 * 1024 + 4 * mib
+    assert report["traced_peak"] <= budget + slack, report
