@@ -48,6 +48,18 @@ def bridge_bound() -> int:
     return CHANNELS * per_channel + 2 * per_session
 
 
+async def stop(probe: asyncio.subprocess.Process) -> None:
+    """Ask the bridge's process to stop (killed if it does not within 10 s)."""
+    if probe.returncode is None:
+        assert probe.stdin is not None
+        probe.stdin.write(b"stop\n")
+        try:
+            await asyncio.wait_for(probe.wait(), 10)
+        except TimeoutError:
+            probe.kill()
+            await probe.wait()
+
+
 @pytest.mark.parametrize(
     ("near", "far"),
     [("yamux", "mplex"), ("mplex", "yamux"), ("mstream-v3", "smux-v2")],
@@ -111,13 +123,7 @@ async def test_a_slow_reader_holds_back_the_writer_and_the_bridge_stays_bounded(
             task.cancel()
         if session is not None:
             session.abort()
-        if probe.returncode is None:
-            probe.stdin.write(b"stop\n")
-            try:
-                await asyncio.wait_for(probe.wait(), 10)
-            except TimeoutError:
-                probe.kill()
-                await probe.wait()
+        await stop(probe)
         server.close()
     bound = bridge_bound()
     mib = 1 << 20
@@ -191,13 +197,7 @@ async def test_one_budget_for_a_bridged_pair_end_to_end() -> None:
     finally:
         if session is not None:
             session.abort()
-        if probe.returncode is None:
-            probe.stdin.write(b"stop\n")
-            try:
-                await asyncio.wait_for(probe.wait(), 10)
-            except TimeoutError:
-                probe.kill()
-                await probe.wait()
+        await stop(probe)
         server.close()
     mib = 1 << 20
     budget = polymux.SessionConfig().max_session_memory
