@@ -9,7 +9,7 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, cast
+from typing import Any, Protocol, Self, cast
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
@@ -17,7 +17,7 @@ from polymux.engine import check_protocol
 from polymux.formats import get as get_format
 
 
-__all__ = ["Server", "start_server", "start_unix_server"]
+__all__ = ["Held", "Server", "start_server", "start_unix_server"]
 
 SessionHandler = Callable[[Session], Awaitable[None] | None]
 
@@ -34,10 +34,37 @@ class _Refused(asyncio.Protocol):
         cast(asyncio.Transport, transport).abort()
 
 
+class Held(Protocol):
+    """A connection a :class:`Server` holds: a session's :class:`MuxProtocol`, or a
+    WebSocket connection (its upgrade, then its session)."""
+
+    @property
+    def session(self) -> Session | None:
+        """Its session (a WebSocket has none before its upgrade)."""
+
+    @property
+    def peer_silent(self) -> bool:
+        """Whether the peer has sent nothing yet (no whole frame, no completed handshake)."""
+
+    def abort(self) -> None:
+        """Close the connection at once."""
+
+
+_TLS_GRACE = 1.0
+"""Seconds past ``handshake_timeout`` after which a connection accepted but never made (a
+TLS handshake asyncio gave up on: no callback tells) stops counting."""
+
+
 class Server:
     """A listening server whose connections are polymux sessions.
 
     ``async with`` closes it (and its sessions) on exit; ``sessions`` are the live ones.
+
+    Connections are counted from the moment they are accepted (before any byte is read, a
+    TLS or WebSocket handshake included), so a burst of connects cannot hold more than
+    ``max_connections``. When it is reached, the oldest connection whose peer has sent
+    nothing yet (no whole frame, no completed handshake) is closed to make room; only when
+    there is none is the new connection dropped.
     """
 
     def __init__(
@@ -45,23 +72,42 @@ class Server:
         factory: Callable[[], MuxProtocol],
         session_handler: SessionHandler | None,
         max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+        handshake_timeout: float = 10.0,
     ) -> None:
         if max_connections is not None and (not isinstance(max_connections, int) or max_connections <= 0):
             raise ValueError(f"max_connections must be a positive int or None, got {max_connections!r}")
         self._factory = factory
         self._session_handler = session_handler
         self.max_connections = max_connections
-        """Connections held at once (once connected: TLS handshakes in progress are bounded
-        by asyncio's ``ssl_handshake_timeout``); more are dropped as they come."""
+        """Connections held at once, counted from their accept; when it is reached, one
+        whose peer has sent nothing yet is closed to make room, or else the new one is
+        dropped."""
+        self._handshake_timeout = handshake_timeout
         self._refused = 0
+        self._shed = 0
         self._server: asyncio.Server | None = None
         self.sessions: set[Session] = set()
         """Sessions currently connected."""
         self._tasks: set[asyncio.Task[None]] = set()
+        # What counts towards max_connections: accepted and not yet connected (a TLS
+        # handshake under way: since when), and connected. _quiet: the connected ones
+        # whose peer had sent nothing when last looked at, oldest first (checked lazily).
+        self._pending: dict[Held, float] = {}
+        self._live: set[Held] = set()
+        self._quiet: dict[Held, None] = {}
 
-    def _make(self) -> asyncio.Protocol:
+    @property
+    def connections(self) -> int:
+        """Connections held now (what ``max_connections`` bounds), handshakes under way
+        included."""
+        return len(self._pending) + len(self._live)
+
+    # -- counting connections (at accept) ------------------------------------------------------
+
+    def _admit(self) -> bool:
+        """A connection was just accepted: may it be held? (It then counts as pending.)"""
         limit = self.max_connections
-        if limit is not None and len(self.sessions) >= limit:
+        if limit is not None and self.connections >= limit and not self._make_room():
             self._refused += 1
             if self._refused & (self._refused - 1) == 0:  # 1st, 2nd, 4th, 8th ...: not a log flood
                 logger.warning(
@@ -69,16 +115,89 @@ class Server:
                     limit,
                     self._refused,
                 )
+            return False
+        return True
+
+    def _make_room(self) -> bool:
+        """Free one slot, if one may be: a connection that never got made, or else the
+        oldest one whose peer has sent nothing. Amortised O(1): each entry is looked at
+        once."""
+        now = asyncio.get_running_loop().time()
+        pending = self._pending
+        if pending:
+            held, since = next(iter(pending.items()))
+            if now - since > self._handshake_timeout + _TLS_GRACE:
+                del pending[held]  # its (TLS) handshake was given up long ago
+                return True
+        quiet = self._quiet
+        while quiet:
+            held = next(iter(quiet))
+            del quiet[held]
+            if held.peer_silent and held in self._live:
+                self._live.discard(held)
+                if held.session is not None:
+                    self.sessions.discard(held.session)  # gone now, not at its connection_lost
+                held.abort()
+                self._shed += 1
+                if self._shed & (self._shed - 1) == 0:
+                    logger.warning(
+                        "polymux server: max_connections=%s reached; %d connection(s) that had sent "
+                        "nothing closed to make room so far",
+                        self.max_connections,
+                        self._shed,
+                    )
+                return True
+        return False
+
+    def _hold(self, held: Held) -> None:
+        """Count ``held`` from now (accepted, not connected yet)."""
+        self._pending[held] = asyncio.get_running_loop().time()
+
+    def _connected(self, held: Held) -> None:
+        """``held``'s connection is made (its TLS handshake, if any, is done)."""
+        if self._pending.pop(held, None) is None:
+            # Counted out as a handshake given up, yet it completed: count it again if it fits.
+            limit = self.max_connections
+            if limit is not None and self.connections >= limit and not self._make_room():
+                held.abort()
+                return
+        self._live.add(held)
+        if held.peer_silent:
+            self._quiet[held] = None
+
+    def _release(self, held: Held) -> None:
+        """``held``'s connection is gone."""
+        self._pending.pop(held, None)
+        self._live.discard(held)
+        self._quiet.pop(held, None)
+
+    def _make(self) -> asyncio.Protocol:
+        """The protocol factory: count the connection at once (a burst of accepts runs every
+        factory before any connection_made)."""
+        if not self._admit():
             return _Refused()
         mux = self._factory()
+        self._hold(mux)
+
+        def made() -> None:
+            self._connected(mux)
+            self._attach(mux)
+
+        # The session counts as connected from connection_made, which a failed TLS
+        # handshake never reaches (and then no connection_lost follows: _make_room ends
+        # its count once asyncio has given up on it).
+        mux.on_connection_made = made
+        mux.closed.add_done_callback(lambda _f: self._release(mux))
+        return mux
+
+    def _attach(self, mux: MuxProtocol) -> None:
+        """``mux``'s session is connected: one of ``sessions`` until it closes; the session
+        handler runs once its handshake is done."""
         session = mux.session
-        # Counted from connection_made, which a failed TLS handshake never reaches (and
-        # then no connection_lost follows: a session added now would stay forever).
-        mux.on_connection_made = lambda: self.sessions.add(session)
+        self.sessions.add(session)
         mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
         if self._session_handler is not None:
             mux.ready.add_done_callback(lambda f: self._run_handler(session, f))
-        return mux
 
     def _run_handler(self, session: Session, ready: asyncio.Future[None]) -> None:
         if ready.cancelled() or ready.exception() is not None or self._session_handler is None:
@@ -147,7 +266,12 @@ def _server(
     def make() -> MuxProtocol:
         return MuxProtocol(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    return Server(make, session_handler, max_connections)
+    return Server(make, session_handler, max_connections, cfg.handshake_timeout)
+
+
+def _tls_options(ssl: Any, server: Server) -> dict[str, Any]:
+    """``handshake_timeout`` bounds the TLS handshake too (asyncio's default is 60 s)."""
+    return {} if ssl is None else {"ssl_handshake_timeout": server._handshake_timeout}
 
 
 async def start_server(
@@ -167,10 +291,14 @@ async def start_server(
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
     runs once per session when its handshake is done. ``options`` are
     :class:`SessionConfig` fields. At most ``max_connections`` connections are held at
-    once (``None``: no limit); further ones are dropped as they arrive."""
+    once, counted from their accept (``None``: no limit); when it is reached, the oldest
+    one whose peer has sent nothing yet is closed to make room, or else the new one is
+    dropped. A peer must send its handshake, or on formats without one a whole frame,
+    within ``handshake_timeout`` (which bounds the TLS handshake too), unless a channel is
+    opened to it first."""
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
-    server._server = await loop.create_server(server._make, host, port, ssl=ssl)
+    server._server = await loop.create_server(server._make, host, port, ssl=ssl, **_tls_options(ssl, server))
     return server
 
 
@@ -197,7 +325,9 @@ async def start_unix_server(
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
     if mode is None:
-        server._server = await loop.create_unix_server(server._make, name, ssl=ssl)
+        server._server = await loop.create_unix_server(
+            server._make, name, ssl=ssl, **_tls_options(ssl, server)
+        )
         return server
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(name).st_mode):
@@ -208,7 +338,9 @@ async def start_unix_server(
         sock.bind(name)
         bound = True
         os.chmod(name, mode)
-        server._server = await loop.create_unix_server(server._make, sock=sock, ssl=ssl)
+        server._server = await loop.create_unix_server(
+            server._make, sock=sock, ssl=ssl, **_tls_options(ssl, server)
+        )
     except BaseException:
         sock.close()
         if bound:
