@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -283,3 +285,84 @@ async def test_a_silent_connection_is_dropped_and_logged_once_at_info(
         assert "not one whole frame from the peer within 0.3 s (handshake_timeout)" in str(theirs.exception)
         records = [r for r in caplog.records if "handshake_timeout" in r.getMessage()]
         assert [r.levelname for r in records] == ["INFO"]
+
+
+# -- TLS: the handshake is the server's own, counted and shed like the rest ---------------------
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context, client context) for a fresh self-signed certificate of 127.0.0.1."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the TLS tests need the openssl command line tool (they are never skipped)")
+    folder = tmp_path_factory.mktemp("tls")
+    certfile, keyfile = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(keyfile), "-out", str(certfile)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(certfile, keyfile)
+    return server_ctx, ssl.create_default_context(cafile=str(certfile))
+
+
+async def _tls_round_trip(port: int, client_ctx: ssl.SSLContext) -> bytes:
+    async with asyncio.timeout(10):
+        session = await polymux.connect(
+            "127.0.0.1", port, protocol="mplex", ssl=client_ctx, server_hostname="localhost"
+        )
+        async with session:
+            return await session.request(b"over tls")
+
+
+async def test_tls_handshake_is_bounded_by_handshake_timeout(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """A connection to a TLS server that never starts its TLS handshake is dropped at
+    handshake_timeout (asyncio's own bound was 60 s)."""
+    server = await polymux.start_server(
+        _echo, "127.0.0.1", 0, protocol="mplex", ssl=tls[0], handshake_timeout=0.5
+    )
+    async with server, _raw_sockets() as socks:
+        socks.append(await _connect_raw(server.port))
+        start = time.monotonic()
+        async with asyncio.timeout(10):
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.get_running_loop().sock_recv(socks[0], 1) == b""
+        assert time.monotonic() - start < 3
+        assert server.connections == 0
+
+
+async def test_tls_connections_count_and_are_shed_during_their_handshake(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """TLS server, max_connections=4: 12 connections that never start their TLS handshake
+    hold 4 slots (the oldest are closed as newer come), a failed handshake gives its slot
+    back at once, and a legitimate TLS client is served."""
+    server_ctx, client_ctx = tls
+    server = await polymux.start_server(
+        _echo, "127.0.0.1", 0, protocol="mplex", ssl=server_ctx, max_connections=4
+    )
+    async with server, _raw_sockets() as socks:
+        loop = asyncio.get_running_loop()
+        for _ in range(12):
+            socks.append(await _connect_raw(server.port))
+        await until(lambda: server._shed == 8)
+        assert server.connections == 4
+        for sock in socks[:8]:
+            async with asyncio.timeout(5):
+                with contextlib.suppress(ConnectionError):
+                    assert await loop.sock_recv(sock, 1) == b""
+        garbage = await _connect_raw(server.port)  # sheds one more, then fails its handshake
+        socks.append(garbage)
+        await loop.sock_sendall(garbage, b"\x16\x03\x01\x00\x05hello, not TLS" * 4)
+        async with asyncio.timeout(5):
+            with contextlib.suppress(ConnectionError):
+                while await loop.sock_recv(garbage, 4096):
+                    pass
+        await until(lambda: server.connections == 3)  # its slot is back at once
+        assert await _tls_round_trip(server.port, client_ctx) == b"over tls"
+        assert server._refused == 0

@@ -52,7 +52,70 @@ class Held(Protocol):
 
 _TLS_GRACE = 1.0
 """Seconds past ``handshake_timeout`` after which a connection accepted but never made (a
-TLS handshake asyncio gave up on: no callback tells) stops counting."""
+TLS handshake the loop gave up on, where polymux does not run it: ``serve_websocket(ssl=)``)
+stops counting."""
+
+
+class _TLSGate(asyncio.Protocol):
+    """A TLS server's connection until its TLS handshake is done (``start_server(ssl=)``):
+    the server runs the handshake itself (``loop.start_tls``) rather than asking the loop to,
+    so the connection is held, counted and can be shed from its accept, and a handshake that
+    fails or times out gives its slot back at once. Then its session takes the TLS transport."""
+
+    def __init__(self, server: Server, mux: MuxProtocol, ssl: Any) -> None:
+        self.server = server
+        self.mux = mux
+        self.ssl = ssl
+        self.raw: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def session(self) -> Session:
+        """Its session."""
+        return self.mux.session
+
+    @property
+    def peer_silent(self) -> bool:
+        """No TLS handshake yet, or its session has heard no whole frame."""
+        return self.mux.peer_silent
+
+    def abort(self) -> None:
+        """Close the connection at once (the TLS transport above goes with it)."""
+        if self.raw is not None:
+            self.raw.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = raw = cast(asyncio.Transport, transport)
+        raw.pause_reading()  # the TLS protocol reads, once start_tls has put it in place
+        self.server._connected(self)
+        self.task = asyncio.get_running_loop().create_task(self._handshake(raw))
+        self.server._tasks.add(self.task)
+        self.task.add_done_callback(self.server._tasks.discard)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        return  # during the handshake: start_tls fails, and _handshake gives the slot back
+
+    async def _handshake(self, raw: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(
+                raw,
+                self.mux,
+                self.ssl,
+                server_side=True,
+                ssl_handshake_timeout=self.server._handshake_timeout,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failed handshake: the connection is over
+            logger.debug("polymux server: TLS handshake failed: %r", exc)
+            raw.abort()
+            self.server._release(self)
+            return
+        if tls is None:  # pragma: no cover - the loop gave no transport (cancelled meanwhile)
+            raw.abort()
+            self.server._release(self)
+            return
+        self.mux.closed.add_done_callback(lambda _f: self.server._release(self))
+        self.mux.connection_made(tls)
 
 
 class Server:
@@ -83,6 +146,7 @@ class Server:
         whose peer has sent nothing yet is closed to make room, or else the new one is
         dropped."""
         self._handshake_timeout = handshake_timeout
+        self._ssl: Any = None  # start_server(ssl=): the TLS handshake runs in _TLSGate
         self._refused = 0
         self._shed = 0
         self._server: asyncio.Server | None = None
@@ -177,6 +241,11 @@ class Server:
         if not self._admit():
             return _Refused()
         mux = self._factory()
+        if self._ssl is not None:
+            gate = _TLSGate(self, mux, self._ssl)
+            self._hold(gate)
+            mux.on_connection_made = lambda: self._attach(mux)
+            return gate
         self._hold(mux)
 
         def made() -> None:
@@ -219,11 +288,14 @@ class Server:
         return int(self.sockets[0].getsockname()[1])
 
     def close(self) -> None:
-        """Stop listening and abort every live session."""
+        """Stop listening and abort every live session (and connection still in its
+        handshake)."""
         if self._server is not None:
             self._server.close()
         for session in list(self.sessions):
             session.abort()
+        for held in list(self._live):
+            held.abort()
 
     async def aclose(self) -> None:
         """Stop listening, close every session gracefully, and wait."""
@@ -269,11 +341,6 @@ def _server(
     return Server(make, session_handler, max_connections, cfg.handshake_timeout)
 
 
-def _tls_options(ssl: Any, server: Server) -> dict[str, Any]:
-    """``handshake_timeout`` bounds the TLS handshake too (asyncio's default is 60 s)."""
-    return {} if ssl is None else {"ssl_handshake_timeout": server._handshake_timeout}
-
-
 async def start_server(
     handler: ChannelHandler | None,
     host: str | None,
@@ -298,7 +365,8 @@ async def start_server(
     opened to it first."""
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
-    server._server = await loop.create_server(server._make, host, port, ssl=ssl, **_tls_options(ssl, server))
+    server._ssl = ssl  # the TLS handshake runs in _TLSGate, bounded by handshake_timeout
+    server._server = await loop.create_server(server._make, host, port)
     return server
 
 
@@ -324,10 +392,9 @@ async def start_unix_server(
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
+    server._ssl = ssl  # the TLS handshake runs in _TLSGate, bounded by handshake_timeout
     if mode is None:
-        server._server = await loop.create_unix_server(
-            server._make, name, ssl=ssl, **_tls_options(ssl, server)
-        )
+        server._server = await loop.create_unix_server(server._make, name)
         return server
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(name).st_mode):
@@ -338,9 +405,7 @@ async def start_unix_server(
         sock.bind(name)
         bound = True
         os.chmod(name, mode)
-        server._server = await loop.create_unix_server(
-            server._make, sock=sock, ssl=ssl, **_tls_options(ssl, server)
-        )
+        server._server = await loop.create_unix_server(server._make, sock=sock)
     except BaseException:
         sock.close()
         if bound:
