@@ -146,7 +146,7 @@ class Server:
         whose peer has sent nothing yet is closed to make room, or else the new one is
         dropped."""
         self._handshake_timeout = handshake_timeout
-        self._ssl: Any = None  # start_server(ssl=): the TLS handshake runs in _TLSGate
+        self._ssl: Any = None  # start_server(ssl=) on asyncio's loop: TLS runs in _TLSGate
         self._refused = 0
         self._shed = 0
         self._server: asyncio.Server | None = None
@@ -365,9 +365,22 @@ async def start_server(
     opened to it first."""
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
-    server._ssl = ssl  # the TLS handshake runs in _TLSGate, bounded by handshake_timeout
-    server._server = await loop.create_server(server._make, host, port)
+    server._server = await loop.create_server(server._make, host, port, **_tls(server, ssl, loop))
     return server
+
+
+def _tls(server: Server, ssl: Any, loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    """How a TLS server runs its handshakes. On asyncio's own loops, in :class:`_TLSGate`
+    (counted and sheddable from the accept). Other loops (uvloop) read a connection's first
+    bytes before its protocol can pause it, which the gate cannot hand to the TLS layer:
+    there the loop runs the handshake, within ``handshake_timeout`` too, and the connection
+    counts from its accept (until the loop gives up on it) but cannot be shed meanwhile."""
+    if ssl is None:
+        return {}
+    if isinstance(loop, asyncio.BaseEventLoop):
+        server._ssl = ssl
+        return {}
+    return {"ssl": ssl, "ssl_handshake_timeout": server._handshake_timeout}
 
 
 async def start_unix_server(
@@ -392,9 +405,9 @@ async def start_unix_server(
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
-    server._ssl = ssl  # the TLS handshake runs in _TLSGate, bounded by handshake_timeout
+    tls = _tls(server, ssl, loop)
     if mode is None:
-        server._server = await loop.create_unix_server(server._make, name)
+        server._server = await loop.create_unix_server(server._make, name, **tls)
         return server
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(name).st_mode):
@@ -405,7 +418,7 @@ async def start_unix_server(
         sock.bind(name)
         bound = True
         os.chmod(name, mode)
-        server._server = await loop.create_unix_server(server._make, sock=sock)
+        server._server = await loop.create_unix_server(server._make, sock=sock, **tls)
     except BaseException:
         sock.close()
         if bound:
