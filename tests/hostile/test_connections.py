@@ -366,3 +366,28 @@ async def test_tls_connections_count_and_are_shed_during_their_handshake(
         await until(lambda: server.connections == 3)  # its slot is back at once
         assert await _tls_round_trip(server.port, client_ctx) == b"over tls"
         assert server._refused == 0
+
+
+def test_tls_on_uvloop(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    """On uvloop the loop runs the TLS handshake (it reads a connection's first bytes before
+    the protocol could pause it): sessions work, and a connection that never starts its
+    handshake is still dropped at handshake_timeout."""
+    import uvloop
+
+    server_ctx, client_ctx = tls
+
+    async def main() -> float:
+        server = await polymux.start_server(
+            _echo, "127.0.0.1", 0, protocol="mplex", ssl=server_ctx, handshake_timeout=0.5
+        )
+        async with server:
+            assert await _tls_round_trip(server.port, client_ctx) == b"over tls"
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            start = time.monotonic()
+            async with asyncio.timeout(10):
+                with contextlib.suppress(ConnectionError):
+                    assert await reader.read() == b""
+            writer.close()
+            return time.monotonic() - start
+
+    assert uvloop.run(main()) < 3
