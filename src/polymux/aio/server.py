@@ -17,7 +17,7 @@ from polymux.engine import check_protocol
 from polymux.formats import get as get_format
 
 
-__all__ = ["Held", "Server", "start_server", "start_unix_server"]
+__all__ = ["Server", "start_server", "start_unix_server"]
 
 SessionHandler = Callable[[Session], Awaitable[None] | None]
 
@@ -34,7 +34,7 @@ class _Refused(asyncio.Protocol):
         cast(asyncio.Transport, transport).abort()
 
 
-class Held(Protocol):
+class _Held(Protocol):
     """A connection a :class:`Server` holds: a session's :class:`MuxProtocol`, or a
     WebSocket connection (its upgrade, then its session)."""
 
@@ -156,9 +156,9 @@ class Server:
         # What counts towards max_connections: accepted and not yet connected (a TLS
         # handshake under way: since when), and connected. _quiet: the connected ones
         # whose peer had sent nothing when last looked at, oldest first (checked lazily).
-        self._pending: dict[Held, float] = {}
-        self._live: set[Held] = set()
-        self._quiet: dict[Held, None] = {}
+        self._pending: dict[_Held, float] = {}
+        self._live: set[_Held] = set()
+        self._quiet: dict[_Held, None] = {}
 
     @property
     def connections(self) -> int:
@@ -213,11 +213,11 @@ class Server:
                 return True
         return False
 
-    def _hold(self, held: Held) -> None:
+    def _hold(self, held: _Held) -> None:
         """Count ``held`` from now (accepted, not connected yet)."""
         self._pending[held] = asyncio.get_running_loop().time()
 
-    def _connected(self, held: Held) -> None:
+    def _connected(self, held: _Held) -> None:
         """``held``'s connection is made (its TLS handshake, if any, is done)."""
         if self._pending.pop(held, None) is None:
             # Counted out as a handshake given up, yet it completed: count it again if it fits.
@@ -229,7 +229,7 @@ class Server:
         if held.peer_silent:
             self._quiet[held] = None
 
-    def _release(self, held: Held) -> None:
+    def _release(self, held: _Held) -> None:
         """``held``'s connection is gone."""
         self._pending.pop(held, None)
         self._live.discard(held)

@@ -262,7 +262,7 @@ def _client_class() -> type[ClientConnection]:
 
 def _server_class(server: Server) -> type[ServerConnection]:
     """websockets' server connection, with :class:`_Guard`'s bounds, counted by ``server``
-    from its accept (:class:`~polymux.aio.server.Held`: silent until its session has heard
+    from its accept (``polymux.aio.server._Held``: silent until its session has heard
     a whole frame)."""
     from websockets.asyncio.server import ServerConnection
 
