@@ -65,14 +65,16 @@ VIOLATIONS = {
     "a text frame (polymux takes binary messages only)": frame(TEXT, b"hello"),
     "a message in 4,097 fragments": frame(BINARY, b"", fin=False) + frame(CONT, b"", fin=False) * 4096,
     "a close frame, then nothing (the peer never closes)": frame(CLOSE, struct.pack("!H", 1000)),
+    "a mux frame that breaks the format (mplex flag 7)": frame(BINARY, bytes([0x0F, 0x00])),
 }
 
 
 @pytest.mark.parametrize("violation", VIOLATIONS)
 async def test_a_websocket_violation_ends_the_connection_at_once(violation: str) -> None:
     """After the upgrade, one frame that breaks the WebSocket protocol (or a close frame the
-    peer never follows with its own TCP close): the server's session ends and its socket is
-    gone within FAST seconds, although the peer never closes its side."""
+    peer never follows with its own TCP close, or a message that breaks the mux format): the
+    server's session ends and its socket is gone within FAST seconds, although the peer never
+    closes its side."""
     async with _served() as server:
         ws = await RawWebSocket.open(server.port)
         try:
@@ -99,7 +101,7 @@ async def test_the_upgrade_is_bounded_by_handshake_timeout(sends: str) -> None:
         try:
             if sends == "half a request":
                 await ws.send(ws.request(server.port)[:40])
-            took = await ws.dropped(timeout=30)
+            took = await ws.closed(timeout=30)
             print(f"{sends}: dropped after {took:.2f} s")
             assert took < 0.5 + FAST
         finally:
@@ -108,11 +110,13 @@ async def test_the_upgrade_is_bounded_by_handshake_timeout(sends: str) -> None:
 
 async def test_an_upgraded_connection_that_sends_nothing_is_dropped() -> None:
     """Upgraded, then not one mux frame: the session's first-frame deadline applies over
-    WebSocket too (handshake_timeout)."""
+    WebSocket too (handshake_timeout), and the failed session does not wait for the peer's
+    closing handshake (close_timeout, 10 s) either: the connection is gone at once."""
     async with _served(handshake_timeout=0.5) as server:
         ws = await RawWebSocket.open(server.port)
         try:
-            took = await ws.dropped(timeout=30)
+            took = await ws.closed(timeout=30)
+            print(f"upgraded, then silent: closed after {took:.2f} s")
             assert took < 0.5 + FAST
         finally:
             ws.close()
@@ -127,7 +131,7 @@ async def test_connections_count_from_their_accept() -> None:
         socks = [await RawWebSocket.connect(server.port) for _ in range(12)]
         try:
             for ws in socks[:8]:
-                assert await ws.dropped(timeout=5) < FAST
+                assert await ws.closed(timeout=5) < FAST
             assert server.connections == 4 and server._shed == 8
             async with asyncio.timeout(10):
                 session = await polymux.connect_websocket(f"ws://127.0.0.1:{server.port}/", protocol="mplex")

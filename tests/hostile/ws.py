@@ -95,12 +95,13 @@ class RawWebSocket:
     async def dropped(self, timeout: float) -> float:  # noqa: ASYNC109
         """Seconds until the server has closed its socket for good: not its half-close (a
         close frame and a FIN), its socket gone, which our next bytes find as a reset.
-        Reads (and discards) what comes meanwhile, sending a byte every 50 ms."""
+        Reads (and discards) what comes meanwhile, sending a ping every 50 ms (a valid
+        frame: the probe itself breaks nothing)."""
         start = time.monotonic()
         async with asyncio.timeout(timeout):
             while True:
                 try:
-                    await self.send(b"\x00")
+                    await self.send(frame(PING, b"probe"))
                     data = b"-"
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(0.05):  # the probe's pace, not synchronisation
@@ -109,6 +110,17 @@ class RawWebSocket:
                         await asyncio.sleep(0.05)  # the probe's pace, not synchronisation
                 except (ConnectionError, BrokenPipeError):
                     return time.monotonic() - start
+
+    async def closed(self, timeout: float) -> float:  # noqa: ASYNC109
+        """Seconds until the server closes the connection (EOF or reset), reading and
+        discarding what comes meanwhile; sends nothing (after the upgrade, any byte we sent
+        would be a frame, maybe a violation)."""
+        start = time.monotonic()
+        async with asyncio.timeout(timeout):
+            with contextlib.suppress(ConnectionError):
+                while await self.loop.sock_recv(self.sock, 65536):
+                    pass
+        return time.monotonic() - start
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

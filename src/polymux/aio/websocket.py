@@ -341,8 +341,9 @@ class _WebSocketTransport(asyncio.Transport):
         self._lost = False
         self._tasks: list[asyncio.Task[None]] = []
         guard = getattr(ws, "guard", None)
-        if isinstance(guard, _Guard):
-            guard.on_text = self._text_received
+        self._guard = guard if isinstance(guard, _Guard) else None
+        if self._guard is not None:
+            self._guard.on_text = self._text_received
 
     def _text_received(self) -> None:
         self._mux.fail(ProtocolError(self._mux.engine.format, "received a text WebSocket message"))
@@ -452,11 +453,38 @@ class _WebSocketTransport(asyncio.Transport):
         return self._closing
 
     def close(self) -> None:
-        """Send what is queued, then close the WebSocket (the session ends when it is closed)."""
+        """Send what is queued, then close the WebSocket (the session ends when it is closed).
+        A session that failed does not wait for the peer's closing handshake: see
+        :meth:`_end_now`."""
         if self._closing:
             return
         self._closing = True
+        if self._mux.core.failed and self._guard is not None:
+            self._end_now(self._guard)
+            return
         self._wakeup.set()
+
+    def _end_now(self, guard: _Guard) -> None:
+        """The session failed (a violation, handshake_timeout, keepalive, send_timeout):
+        its last words and a close frame naming the error go if the socket takes them at
+        once, and the connection ends now, as on any other transport (a peer that stays
+        silent must not hold it for close_timeout more)."""
+        from websockets.protocol import State
+
+        ws = self._ws
+        protocol = ws.protocol
+        if protocol.state is State.OPEN:
+            error = self._mux.core.error
+            code = 1002 if isinstance(error, ProtocolError) else 1008  # protocol error / policy
+            reason = str(error).encode()[:120].decode("utf-8", "ignore")  # a close frame: <= 125 bytes
+            with contextlib.suppress(Exception):
+                for message in self._queue:
+                    protocol.send_binary(message)
+                self._queue.clear()
+                self._queued = 0
+                protocol.fail(code, reason)
+                ws.send_data()
+        guard.end()
 
     def abort(self) -> None:
         self._closing = True
