@@ -16,16 +16,17 @@ to the ``asyncio.Transport`` that :class:`~polymux.aio.session.MuxProtocol` driv
   stops receiving (websockets' own ``max_queue`` then stops the socket);
 * a text message is a protocol error; the WebSocket's close is the session's end.
 
-The websockets connections themselves are polymux's subclasses (:func:`_guard`), for the
-WebSocket-level bounds of SECURITY.md: a WebSocket protocol violation (an unmasked client
-frame, a frame announcing more than ``max_size``, a bad close code ...) or the end of the
-closing handshake (both close frames exchanged) ends the connection at once, instead of at
-the library's next keepalive ping (~20 s later); a peer that does not answer our close
-frame is cut at ``close_timeout``; a
-connection stops reading while more than :data:`UNSENT_LIMIT` bytes the library wrote on
-its own (pongs) wait for a peer that does not read. ``handshake_timeout`` bounds the
-opening handshake (the HTTP upgrade), and a server counts a connection against
-``max_connections`` from its accept, its upgrade included.
+The websockets connections themselves are polymux's subclasses, each with a
+:class:`_Guard`, for the WebSocket-level bounds of SECURITY.md: a WebSocket protocol
+violation (an unmasked client frame, a frame announcing more than ``max_size``, a bad close
+code, a text frame ...), the end of the closing handshake (both close frames exchanged) and
+a failed session end the connection at once, instead of at the library's next keepalive
+ping (~20 s later) or after ``close_timeout``; a peer that does not answer our graceful
+close frame is cut at ``close_timeout``; a connection stops reading while more than
+:data:`UNSENT_LIMIT` bytes the library wrote on its own (pongs) wait for a peer that does
+not read. ``handshake_timeout`` bounds the opening handshake (the HTTP upgrade), and a
+server counts a connection against ``max_connections`` from its accept, its upgrade
+included.
 """
 
 from __future__ import annotations
