@@ -35,12 +35,12 @@ from polymux.apps.common import (
     add_address_options,
     add_session_options,
     connect,
+    format_bytes,
     parse_address,
     peer_mismatch,
     run,
     session_options,
     size,
-    two_way,
 )
 from polymux.apps.records import RecordError
 
@@ -93,7 +93,16 @@ async def read_room(client: ChatClient, room: str, state: State) -> None:
             elif kind == "joined":
                 state.show(f"* {record.get('nick')} joined #{room}")
             elif kind == "left":
-                state.show(f"* {record.get('nick')} left #{room} ({record.get('reason')})")
+                reason = record.get("reason")
+                why = f" ({reason})" if reason and reason != "left" else ""
+                state.show(f"* {record.get('nick')} left #{room}{why}")
+            elif kind == "renamed":
+                state.show(f"* {record.get('old')} is now {record.get('nick')} in #{room}")
+            elif kind == "file":
+                state.show(
+                    f"* {record.get('nick')} put {record.get('name')} ({format_bytes(record.get('size', 0))}) "
+                    f"on the server, in #{room}"
+                )
             elif kind == "dropped":
                 state.show(
                     f"* the server dropped {record.get('count')} messages and {record.get('notices')} "
@@ -114,7 +123,7 @@ async def interactive(client: ChatClient, rooms: list[str], state: State) -> Non
         room = rooms[0]
         if text.startswith("#") and " " in text and text[1:].split(" ", 1)[0] in rooms:
             room, text = text[1:].split(" ", 1)
-        if text:
+        if text.strip():  # the server refuses blank messages
             await client.say(room, text)
             sent += 1
     # End of input: leave once what we said has come back (it reached the room).
@@ -215,8 +224,6 @@ def parse_args() -> argparse.Namespace:
         parse_address(args.tcp, args.unix)
     except ValueError as exc:
         parser.error(str(exc))
-    if not two_way(args.protocol):
-        parser.error(f"{args.protocol} channels are one-way; the chat needs two-way channels")
     return args
 
 

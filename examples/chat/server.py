@@ -6,9 +6,13 @@ sockets at once, any wire format with two-way channels, and a web page.
 
 --web HOST:PORT also serves the page of examples/chat/web/ over HTTP and its
 channels (omnistreams over WebSocket, at /ws) on that port: browsers and terminal
-clients meet in the same rooms, and the page uploads files to --files DIR and
-downloads them from there (polymux.apps.webchat); /stats.json shows the rooms and
-the downloads in progress.
+clients meet in the same rooms, and the page uploads files to --files DIR (default:
+the folder webchat-files of $XDG_DATA_HOME/polymux, i.e. ~/.local/share/polymux/,
+kept from one start to the next) and downloads them from there
+(polymux.apps.webchat); /stats.json shows the rooms and the downloads in progress.
+The page, its data and its WebSocket answer only requests sent to localhost, a
+loopback address or the address the server listens on (against DNS rebinding);
+--allow-host NAME adds a name (repeatable), e.g. the machine's name on the LAN.
 
 A slow client never stalls a room: each member has a bounded queue (--queue
 messages) and its own writer; when the queue is full the --policy applies:
@@ -23,11 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import polymux
@@ -45,7 +49,6 @@ from polymux.apps.common import (
     parse_size,
     run,
     session_options,
-    two_way,
 )
 from polymux.apps.webchat import WebChat
 from polymux.web import static_files
@@ -53,6 +56,13 @@ from polymux.web import static_files
 
 PAGE = Path(__file__).resolve().parent / "web"
 """The web page's files."""
+
+
+def default_files() -> Path:
+    """Where uploads go without --files: ``$XDG_DATA_HOME/polymux/webchat-files``
+    (``~/.local/share/polymux/webchat-files``), the same folder at every start."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "polymux" / "webchat-files"
 
 
 def terminal_hint(args: argparse.Namespace, where: Address) -> str:
@@ -68,7 +78,7 @@ def terminal_hint(args: argparse.Namespace, where: Address) -> str:
 async def serve_web(chat: ChatServer, address: Address, args: argparse.Namespace) -> polymux.Server:
     """The page and its channels on one port: HTTP GETs get the page's files, the
     WebSocket at /ws carries omnistreams."""
-    root = Path(args.files) if args.files else Path(tempfile.mkdtemp(prefix="polymux-webchat-"))
+    root = Path(args.files) if args.files else default_files()
     web = WebChat(chat, root, max_upload=args.max_upload)
     files = {"/": PAGE / "index.html", "/stats.json": lambda: json.dumps(web.stats()).encode()}
     for path in sorted(PAGE.iterdir()):
@@ -79,16 +89,45 @@ async def serve_web(chat: ChatServer, address: Address, args: argparse.Namespace
         address.host,
         address.port,
         protocol="omnistreams",
-        process_request=static_files(files),
+        process_request=static_files(files, allowed_hosts=allowed_hosts(address, args.allow_host)),
         **session_options(args),
     )
     host = address.host if address.host and ":" not in address.host else f"[{address.host}]"
     print(f"chat: web page on http://{host}:{server.port}/ (files in {web.root})", flush=True)
+    if not _loopback_only(address.host):
+        extra = ", ".join(args.allow_host) if args.allow_host else "none; add one with --allow-host NAME"
+        print(
+            "chat: the page answers for localhost and this machine's addresses; other names "
+            f"(DNS rebinding) get a 421. Allowed names: {extra}",
+            flush=True,
+        )
     return server
 
 
+def allowed_hosts(address: Address, extra: list[str]) -> list[str]:
+    """The host names the page answers for besides the loopback names and the address a
+    request arrives on: --allow-host, and --web's host when it is a name."""
+    names = list(extra)
+    host = address.host or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host:
+            names.append(host)
+    return names
+
+
+def _loopback_only(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
 async def main(args: argparse.Namespace) -> int:
-    chat = ChatServer(queue_size=args.queue, policy=args.policy)
+    chat = ChatServer(queue_size=args.queue, policy=args.policy, history=args.history)
     addresses = [parse_address(args.tcp, None)] if args.tcp else []
     if args.unix:
         addresses.append(parse_address(None, args.unix))
@@ -135,7 +174,23 @@ def parse_args() -> argparse.Namespace:
         "--web", metavar="HOST:PORT", help="serve the web page and its WebSocket (omnistreams) there too"
     )
     parser.add_argument(
-        "--files", metavar="DIR", help="uploads from the page land here (default: a new temporary folder)"
+        "--files",
+        metavar="DIR",
+        help=f"uploads from the page land here (default: {default_files()}, kept between starts)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer web requests sent to this host name (repeatable; default: loopback names "
+        "and the address listened on; '*': any, only behind a proxy that checks Host)",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=100,
+        help="recent messages kept per room for pages that join (default 100)",
     )
     parser.add_argument("--max-upload", type=parse_size, default=None, help="largest upload (e.g. 1G)")
     parser.add_argument("--queue", type=int, default=256, help="messages queued per member (default 256)")
@@ -159,8 +214,13 @@ def parse_args() -> argparse.Namespace:
         parser.error(str(exc))
     if args.queue < 1:
         parser.error("--queue must be >= 1")
-    if not two_way(args.protocol):
-        parser.error(f"{args.protocol} channels are one-way; the chat needs two-way channels")
+    if args.history < 0:
+        parser.error("--history must be >= 0")
+    for name in args.allow_host:
+        try:
+            static_files({}, allowed_hosts=[name])
+        except ValueError:
+            parser.error(f"--allow-host: not a host name: {name!r}")
     return args
 
 

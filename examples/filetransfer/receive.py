@@ -32,7 +32,6 @@ from polymux.apps.common import (
     run,
     session_options,
     size,
-    two_way,
 )
 from polymux.apps.filetransfer import Receiver
 
@@ -79,8 +78,6 @@ def parse_args() -> argparse.Namespace:
         parse_address(args.tcp, args.unix)
     except ValueError as exc:
         parser.error(str(exc))
-    if not two_way(args.protocol):
-        parser.error(f"{args.protocol} channels are one-way; the file transfer needs two-way channels")
     return args
 
 

@@ -30,7 +30,6 @@ from polymux.apps.common import (
     run,
     session_options,
     size,
-    two_way,
 )
 from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
 
@@ -77,8 +76,6 @@ def parse_args() -> argparse.Namespace:
         parser.error(str(exc))
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
-    if not two_way(args.protocol):
-        parser.error(f"{args.protocol} channels are one-way; the file transfer needs two-way channels")
     return args
 
 

@@ -78,9 +78,24 @@ class SessionConfig:
     keepalive_timeout: float = 10.0
     """Seconds a ping may go unanswered before the session fails (a dead peer must not
     hang readers). Only an answer proves the peer alive: a peer that trickles bytes does
-    not. While the peer is busy delivering what it sent before the answer (full socket
-    reads) or reading what we sent (our unsent bytes shrink), the wait extends, never past
-    4 x ``keepalive_timeout`` in all."""
+    not (on formats without credit, the peer's own pings count too: see ``stall_timeout``).
+    The clock runs only while it can judge the peer: from when the ping has left our
+    buffers (see ``stall_timeout`` for a peer that does not take it), and while we read the
+    connection (our own limits, such as ``max_session_memory`` or a slow reader, pause it,
+    and the clock starts again once we read). While the peer is busy delivering what it sent
+    before the answer (full socket reads), the wait extends, never past 4 x
+    ``keepalive_timeout``."""
+
+    stall_timeout: float | None = None
+    """Seconds the peer may take none of the bytes we have written to the connection while
+    a keepalive ping waits behind them; then the session ends ("the peer has taken none of
+    our bytes ..."). A peer that takes them slowly is never stalled. ``None``: the format's
+    default, ``keepalive_timeout`` on formats with credit on the wire (mstream-v2/v3, yamux,
+    omnistreams, smux version 2: a peer that grants credit reads what it granted) and 120 s
+    on formats without (mstream-v1, mplex, multiplex, Streamux, smux version 1: there not
+    reading is how a peer whose application is slow applies backpressure). On those formats
+    a polymux session that does not read pings every ``min(keepalive_interval,
+    keepalive_timeout / 2)`` meanwhile, and the peer's pings count as signs of life."""
 
     idle_timeout: float | None = 300.0
     """Seconds a session with no channels may go without receiving a byte before it is
@@ -120,15 +135,18 @@ class SessionConfig:
     A response goes on the wire only after its request ended (go-streamux rejects anything
     else), and Streamux has no credit to slow the requester down, so a handler that answers
     as it reads (an echo) must keep reading: its ``drain()`` does not block past
-    ``write_buffer_high`` until the request ends, up to this many bytes (``polymux.anyio``
-    sessions, whose ``send`` waits instead, read the request on past ``receive_window``);
-    beyond them the channel is reset (the handler gets
-    :class:`~polymux.exceptions.ChannelOverflow`, the requester an empty response)."""
+    ``write_buffer_high`` until the request ends, up to this many bytes; beyond them the
+    channel is reset (the handler gets :class:`~polymux.exceptions.ChannelOverflow` naming
+    this limit; the requester reads an empty response, since the responder has no way to
+    say that a request failed). Held bytes are counted here and in
+    ``streamux_hold_budget``, not in ``max_session_memory``: only reading ends a request, so
+    they must never pause reading."""
 
-    streamux_hold_budget: int = 256 * 1024 * 1024
+    streamux_hold_budget: int = 64 * 1024 * 1024
     """Streamux: what all the responses of one session may hold that way, together (counted
-    once each passes ``write_buffer_high``, or ``receive_window`` on ``polymux.anyio``); the
-    response that passes it is reset."""
+    once each passes ``write_buffer_high``); the response that passes it is reset. At least
+    ``streamux_response_hold``. A Streamux session may so hold up to ``max_session_memory``
+    plus this."""
 
     streamux_early_responses: bool = False
     """Streamux, a polymux extension: answer a request while it is still arriving, so that
@@ -279,6 +297,13 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
+        if self.streamux_hold_budget < self.streamux_response_hold:
+            # A per-response limit that the session's budget never lets a response reach
+            # is not a limit.
+            raise ValueError(
+                f"SessionConfig.streamux_hold_budget ({self.streamux_hold_budget}) must be at least "
+                f"streamux_response_hold ({self.streamux_response_hold})"
+            )
         if self.keepalive_interval is not None and self.keepalive_interval <= 0:
             raise ValueError(
                 f"SessionConfig.keepalive_interval must be positive or None, got {self.keepalive_interval!r}"
@@ -286,6 +311,10 @@ class SessionConfig:
         if self.idle_timeout is not None and not self.idle_timeout > 0:
             raise ValueError(
                 f"SessionConfig.idle_timeout must be positive or None, got {self.idle_timeout!r}"
+            )
+        if self.stall_timeout is not None and not self.stall_timeout > 0:
+            raise ValueError(
+                f"SessionConfig.stall_timeout must be positive or None, got {self.stall_timeout!r}"
             )
         if self.send_timeout is not None and not self.send_timeout > 0:
             raise ValueError(

@@ -159,12 +159,12 @@ async def send_and_digest(session: polymux.Session, i: int, base: bytes) -> tupl
 async def test_echo_answers_only_after_the_request_ends(serve: Serve, count: int, size: int) -> None:
     """The issue's two transfers: everything echoed, and on the server's wire no response
     chunk for a request before that request's terminating chunk. An echo holds every byte
-    of a response until its request ends, counted in max_session_memory (32 MiB by
-    default): the server is given room for 256 MiB of them (the default streamux limits)."""
+    of a response until its request ends, bounded by streamux_response_hold (64 MiB) and
+    streamux_hold_budget (64 MiB by default: 1 x 64 MiB runs with default settings; 64 x 4
+    MiB, all held at once, is given 256 MiB), never by max_session_memory."""
     probes: list[OrderProbe] = []
-    server = await serve(
-        echo, protocol="streamux", capture=probe_factory(probes), max_session_memory=320 * MiB
-    )
+    room = {} if count == 1 else {"streamux_hold_budget": 256 * MiB}
+    server = await serve(echo, protocol="streamux", capture=probe_factory(probes), **room)
     sessions = spy_sessions(server)
     base = bytes(range(256)) * ((size - len(key(0))) // 256)
     base += b"\x00" * (size - len(key(0)) - len(base))
@@ -238,6 +238,7 @@ async def test_responses_over_streamux_hold_budget_are_reset(serve: Serve) -> No
         protocol="streamux",
         capture=probe_factory(probes),
         streamux_hold_budget=1 * MiB,
+        streamux_response_hold=1 * MiB,
     )
     base = b"z" * (600 * KiB)
     async with await wait(polymux.connect("127.0.0.1", server.port, protocol="streamux")) as session:
@@ -374,14 +375,20 @@ async def test_anyio_server_reads_the_request_on(size: int, hold: int | None) ->
 
 
 @pytest.mark.timeout(60)
-async def test_a_response_beyond_the_session_budget_is_reset_not_stalled(serve: Serve) -> None:
-    """With the default budget (max_session_memory, 32 MiB), a 64 MiB echo cannot hold its
-    whole response: the handler's channel is reset with ChannelOverflow naming the budget
-    (reading the request goes on: no stall), and the requester gets an empty response."""
+async def test_a_response_beyond_its_hold_limit_is_reset_not_stalled(serve: Serve) -> None:
+    """With default settings, an echo of a request larger than streamux_response_hold
+    (64 MiB) cannot hold its whole response: the handler's channel is reset with
+    ChannelOverflow naming the limit and how to raise it (reading the request goes on: no
+    stall), the requester gets an empty response, and the session carries the next
+    request as usual."""
     errors: list[BaseException] = []
     server = await serve(guarded(echo, errors), protocol="streamux")
     async with await wait(polymux.connect("127.0.0.1", server.port, protocol="streamux")) as session:
-        size, _digest = await wait(send_and_digest(session, 0, bytes(64 * MiB)), 30)
+        # 72 MiB: the handler reads at most about receive_window behind the session (its
+        # slow-reader policy), so it has echoed more than 64 MiB before the request ends.
+        size, _digest = await wait(send_and_digest(session, 0, bytes(72 * MiB)), 30)
         assert size == 0
+        size, digest = await wait(send_and_digest(session, 1, b"after"), 10)
+        assert (size, digest) == (len(key(1)) + 5, hashlib.sha256(key(1) + b"after").hexdigest())
     assert len(errors) == 1 and isinstance(errors[0], polymux.ChannelOverflow), errors
-    assert "max_session_memory=33554432" in str(errors[0])
+    assert "exceed streamux_response_hold=67108864 (raise it" in str(errors[0])

@@ -2,13 +2,14 @@
 
 Just what the browser tests need: launch (Debian's ``chromium``, no download), pages,
 ``Runtime.evaluate`` (awaiting promises, results by value), waiting for a condition in the
-page (a ``MutationObserver``, no polling), file inputs, drag and drop of files, downloads
-and the page's uncaught errors. Protocol: https://chromedevtools.github.io/devtools-protocol/
+page (a ``MutationObserver``, no polling), file inputs, drag and drop of files, downloads,
+the page's uncaught errors, screen sizes (a phone's, with touch) and screenshots. Protocol: https://chromedevtools.github.io/devtools-protocol/
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import itertools
@@ -85,12 +86,20 @@ class Chromium:
         self._drainer: asyncio.Task[None] | None = None
 
     @classmethod
-    async def launch(cls, executable: str, user_data_dir: Path, *, timeout: float = 30) -> Chromium:  # noqa: ASYNC109
+    async def launch(
+        cls,
+        executable: str,
+        user_data_dir: Path,
+        *,
+        timeout: float = 30,  # noqa: ASYNC109
+        flags: tuple[str, ...] = (),
+    ) -> Chromium:
         """Start ``executable`` headless with a fresh profile in ``user_data_dir`` and connect
-        (``timeout``: for the browser to listen)."""
+        (``timeout``: for the browser to listen; ``flags``: more command-line flags)."""
         proc = await asyncio.create_subprocess_exec(
             executable,
             *FLAGS,
+            *flags,
             f"--user-data-dir={user_data_dir}",
             "--remote-debugging-port=0",
             "--remote-debugging-address=127.0.0.1",
@@ -240,6 +249,64 @@ class Page:
         if result.get("errorText"):
             raise PageError(f"cannot open {url}: {result['errorText']}")
         await self._loaded.wait()
+
+    async def fake_response(self, url_pattern: str, body: bytes, content_type: str = "text/html") -> None:
+        """Answer this tab's requests matching ``url_pattern`` (``*`` wildcards) with ``body``
+        instead of the network (the Fetch domain); other requests go out as usual. A page
+        "served" by a site the test does not run (another origin, say)."""
+        tasks: set[asyncio.Task[Any]] = set()
+
+        def on_event(method: str, params: dict[str, Any], session: str | None) -> None:
+            if session != self.session or method != "Fetch.requestPaused":
+                return
+            answer = {
+                "requestId": params["requestId"],
+                "responseCode": 200,
+                "responseHeaders": [{"name": "Content-Type", "value": content_type}],
+                "body": base64.b64encode(body).decode(),
+            }
+            task = asyncio.ensure_future(self.send("Fetch.fulfillRequest", answer))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        self.browser.listen(on_event)
+        await self.send(
+            "Fetch.enable", {"patterns": [{"urlPattern": url_pattern, "requestStage": "Request"}]}
+        )
+
+    async def reload(self) -> None:
+        """Reload the page, as a person does (F5), and wait for the load event."""
+        self._loaded.clear()
+        await self.send("Page.reload")
+        await self._loaded.wait()
+
+    async def set_screen(self, width: int, height: int, *, phone: bool = False) -> None:
+        """Show the page at ``width`` x ``height`` CSS pixels; ``phone``: as a phone does
+        (the page's viewport meta applies, touch events, no mouse hover)."""
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": phone},
+        )
+        await self.send("Emulation.setTouchEmulationEnabled", {"enabled": phone, "maxTouchPoints": 5})
+
+    async def screenshot(self, path: Path, *, full_page: bool = False) -> Path:
+        """Save what the screen shows as a PNG at ``path`` (``full_page``: the whole
+        document, scrolled parts included); returns ``path``."""
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            metrics = await self.send("Page.getLayoutMetrics")
+            size = metrics.get("cssContentSize") or metrics["contentSize"]
+            params["clip"] = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            params["captureBeyondViewport"] = True
+        shot = await self.send("Page.captureScreenshot", params)
+        data = base64.b64decode(shot["data"])
+
+        def save() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+        await asyncio.to_thread(save)
+        return path
 
     async def evaluate(self, expression: str) -> Any:
         """Run ``expression`` in the page (awaiting it if it is a promise, as a user gesture)

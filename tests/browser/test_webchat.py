@@ -70,7 +70,7 @@ async def message_in_page(page: Page, room: str, nick: str, text: str) -> dict[s
     """Wait until the page shows ``nick: text`` in ``room``; its data attributes."""
     found: dict[str, Any] = await page.wait_for(
         f"""[...document.querySelectorAll('ol[data-room={js(room)}] li.msg[data-nick={js(nick)}]')]
-            .filter(li => li.lastChild.textContent === {js(text)})
+            .filter(li => li.querySelector('.text').textContent === {js(text)})
             .map(li => ({{...li.dataset}}))[0]"""
     )
     return found
@@ -88,7 +88,7 @@ async def transfer_done(page: Page, kind: str, name: str) -> dict[str, str]:
     """Wait until the page's transfer row ends; fail with its error if it failed."""
     row: dict[str, str] = await page.wait_for(
         f"""[...document.querySelectorAll('.transfer[data-kind={js(kind)}][data-name={js(name)}]')]
-            .map(li => ({{...li.dataset}})).find(d => d.state === 'done' || d.state === 'failed')"""
+            .map(li => ({{...li.dataset}})).find(d => ['done', 'failed', 'cancelled'].includes(d.state))"""
     )
     assert row["state"] == "done", f"{kind} of {name} failed in the page: {row.get('error')}"
     return row
@@ -125,14 +125,14 @@ async def test_page_and_terminal_chat_both_ways(
     page = browser.page
     async with asyncio.timeout(60):
         await open_page(page, webchat.url + "?nick=web&room=lobby")
-        await page.wait_for("document.querySelector('ol[data-room=lobby] li.notice')")
+        await page.wait_for("document.querySelector('ol[data-room=lobby] li.joined')")
         session, term = await terminal(webchat, "term")
         async with session:
             welcome = await term.join("lobby")
             assert welcome["members"] == ["term", "web"]
             await page.wait_for(
                 "[...document.querySelectorAll('ol[data-room=lobby] li.notice')]"
-                ".some(li => li.textContent === 'term joined')"
+                ".some(li => li.querySelector('.text').textContent === 'term joined')"
             )
             text = "hello from the browser: héllo ✓ 🚀"
             await say_in_page(page, text)
@@ -148,7 +148,7 @@ async def test_page_and_terminal_chat_both_ways(
             await page.evaluate(
                 "document.querySelector('#room').value = 'dev'; document.querySelector('#join').requestSubmit()"
             )
-            await page.wait_for("document.querySelector('ol[data-room=dev] li.notice')")
+            await page.wait_for("document.querySelector('ol[data-room=dev] li.joined')")
             await term.join("dev")
             await say_in_page(page, "in dev only")
             await message_at_terminal(term, "dev", "web", "in dev only")
@@ -157,24 +157,25 @@ async def test_page_and_terminal_chat_both_ways(
             in_lobby = await page.evaluate("document.querySelector('ol[data-room=lobby]').textContent")
             assert "dev answer" not in in_lobby and "in dev only" not in in_lobby
 
-            # A nick taken in a room: the server refuses, the page says why.
+            # The page's nick taken in a room (by a terminal also called web): the server
+            # refuses, the page says why and opens no tab.
             await term.join("ops")
+            namesake = ChatClient(session, "web")  # kept: a channel whose writer is collected closes
+            await namesake.join("ops")
             await page.evaluate(
-                "document.querySelector('#nick').value = 'term';"
-                "document.querySelector('#room').value = 'ops';"
-                "document.querySelector('#join').requestSubmit()"
+                "document.querySelector('#room').value = 'ops'; document.querySelector('#join').requestSubmit()"
             )
-            refusal = await page.wait_for("document.querySelector('#notice').textContent")
-            assert refusal == "cannot join #ops: nick 'term' is taken in room 'ops'"
+            refusal = await page.wait_for("document.querySelector('#notice [data-topic=join]').textContent")
+            assert refusal == "cannot join #ops: nick 'web' is taken in room 'ops'"
             assert await page.evaluate("document.querySelector('ol[data-room=ops]')") is None
 
             # The page leaves the room: the terminal is told.
-            await page.evaluate("document.querySelector('#rooms button[data-room=dev] .leave').click()")
+            await page.evaluate("document.querySelector('#rooms .tab[data-room=dev] .leave').click()")
             while (record := await term.read("dev")) is not None and record["type"] != "left":
                 pass
-            assert record is not None and record["nick"] == "web"
+            assert record is not None and record["nick"] == "web" and record["reason"] == "left"
             stats = await webchat.stats()
-            assert stats["rooms"] == {"lobby": ["term", "web"], "dev": ["term"], "ops": ["term"]}
+            assert stats["rooms"] == {"lobby": ["term", "web"], "dev": ["term"], "ops": ["term", "web"]}
 
         # The terminal client of the README (examples/chat/client.py) meets the page too.
         client = await procs.example(
@@ -187,6 +188,14 @@ async def test_page_and_terminal_chat_both_ways(
         await say_in_page(page, "bye ada")
         assert await client.wait() == 0, client.describe()
         assert "[#lobby] web: bye ada" in client.out, client.describe()
+        # A plain leave reads as one (not "ada left (left)"), and the member list follows.
+        await page.wait_for(
+            "[...document.querySelectorAll('ol[data-room=lobby] li.notice .text')].some(t => t.textContent === 'ada left')"
+        )
+        members = await page.evaluate(
+            "[...document.querySelectorAll('#members li')].map(li => li.dataset.nick)"
+        )
+        assert members == ["web"]  # term left with its session, ada with client.py
     assert page.errors == []
 
 
@@ -234,7 +243,7 @@ async def test_transfers_at_once_and_chat_stays_responsive(
     downloads[held] = random_file(webchat.files / held, 16 << 20)
     async with asyncio.timeout(120):
         await open_page(page, webchat.url + "?nick=web&room=lobby")
-        await page.wait_for("document.querySelector('ol[data-room=lobby] li.notice')")
+        await page.wait_for("document.querySelector('ol[data-room=lobby] li.joined')")
         session, term = await terminal(webchat, "term")
         async with session:
             await term.join("lobby")
@@ -287,10 +296,11 @@ async def test_transfers_at_once_and_chat_stays_responsive(
 
             await poll(held_on_server, "download held on the server")
             await page.evaluate(f"document.querySelector({js(row + ' button.cancel')}).click()")
-            error = await page.wait_for(
-                f"(d => d.state === 'failed' && d.error)(document.querySelector({js(row)}).dataset)"
+            cancelled = f".transfer[data-name={js(held)}][data-state=cancelled]"
+            info = await page.wait_for(
+                f"document.querySelector({js(cancelled)})?.querySelector('.info').textContent"
             )
-            assert "cancelled by the user" in error
+            assert info.startswith("Cancelled at ") and " of 16.0 MiB" in info, info
 
             async def gone_from_server() -> bool:
                 return not (await webchat.stats())["downloads"]

@@ -243,6 +243,43 @@ async def test_serve_max_connections(procs: Procs) -> None:
         assert await reader.read() == b""
 
 
+@pytest.mark.parametrize("protocol", polymux.PROTOCOLS)
+async def test_serve_and_connect_with_no_options(procs: Procs, protocol: str) -> None:
+    """The first thing a new user runs: ``polymux serve --protocol P --tcp 127.0.0.1:0`` and
+    ``polymux connect --protocol P --tcp ADDR`` with no other option (4 x 16 MiB, echoed
+    where channels are two-way; a Streamux server holds each response until its request
+    ends: 64 MiB at once, within its default limits)."""
+    server, addr = await serve(procs, protocol, "--tcp", "127.0.0.1:0")
+    client = await procs.polymux("connect", "--protocol", protocol, "--tcp", addr)
+    assert await client.wait(timeout=90) == 0, client.describe() + server.describe()
+    assert re.search(r"4 channels x 16\.0 MiB = 64\.0 MiB (echoed and verified|sent one-way)", client.stdout)
+    assert not [line for line in server.err if "failed" in line], server.describe()
+
+
+async def test_a_streamux_response_ended_early_is_explained(procs: Procs) -> None:
+    """A Streamux responder cannot fail a request on the wire: when it resets a response
+    (here: a held response past the server's streamux_response_hold), connect says that
+    the server ended the response early and that its log says why."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, polymux.PolymuxError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+    limits = {"streamux_response_hold": 1 << 20, "streamux_hold_budget": 1 << 20}
+    server = await polymux.start_server(echo, "127.0.0.1", 0, protocol="streamux", **limits)
+    async with server:
+        client = await procs.polymux(
+            "connect", "--protocol", "streamux", "--tcp", f"127.0.0.1:{server.port}", "--channels", "1"
+        )
+        assert await client.wait(timeout=60) == 1, client.describe()
+    assert "the echo ended after 0 of 16777216 bytes (streamux has no way to report a failed request" in (
+        client.stderr
+    ), client.describe()
+
+
 async def test_serve_timeouts(procs: Procs) -> None:
     """``serve --handshake-timeout``: a connection that sends nothing (mplex has no
     handshake) is closed then; ``--idle-timeout``: a session left without channels is closed

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from polymux.config import SessionConfig
 from polymux.engine import events as ev, make_engine
-from polymux.engine.flow import MessageCredit, MessageWindow, split_count
+from polymux.engine.flow import MAX_MESSAGE_CREDIT, MessageCredit, MessageWindow, message_window, split_count
 from polymux.engine.omnistreams import ControlReceived, OmnistreamsEngine
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire.omnistreams import LEGACY, SPEC, Kind, LengthPrefixDecoder, Numbering, encode, encode_length
@@ -511,3 +511,22 @@ def test_control_message_must_fit_max_message_size() -> None:
         a.send_control(b"x" * 10)
     a.send_control(b"x" * 9)
     assert out_messages(a) == [b"\x00" + b"x" * 9]
+
+
+def test_a_tiny_chunk_size_cannot_make_one_create_cost_thousands_of_grants() -> None:
+    """Credit amplification: a CREATE announcing chunkSize 1 (about 30 bytes) would be
+    granted receive_window / 1 = 1,048,576 messages, 4,112 REQUEST_DATA messages. The grant
+    is capped at MAX_MESSAGE_CREDIT messages: 5 REQUEST_DATA at most, fewer bytes out than
+    the CREATE that asked for them."""
+    engine = OmnistreamsEngine(SessionConfig())
+    create = framed(Kind.CREATE, 0, json.dumps({"name": "x", "chunkSize": 1}).encode())
+    (opened,) = engine.receive_data(create)
+    assert isinstance(opened, ev.ChannelOpened)
+    engine.accept_channel(opened.channel)
+    grants = out_messages(engine)
+    counts = [m[-1] for m in grants]
+    assert sum(counts) == MAX_MESSAGE_CREDIT == 1024 and len(grants) == 5
+    assert sum(len(m) + 4 for m in grants) < 2 * len(create)
+    # The usual chunk sizes are not affected: 1 MiB / 64 KiB = 16 messages.
+    assert message_window(1 << 20, 65536) == 16 and message_window(1 << 20, 1) == MAX_MESSAGE_CREDIT
+    assert message_window(100, 1000) == 1

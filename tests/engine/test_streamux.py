@@ -606,10 +606,11 @@ def test_may_hold_bounds_held_responses() -> None:
     assert str(info.value) == (
         "streamux: the response to request 7 cannot be sent before the request ends, and it holds "
         "more while the request is still arriving: 160 bytes held by the session's responses "
-        "exceed streamux_hold_budget=150"
+        "exceed streamux_hold_budget=150 (raise it)"
     )
     assert b.held_bytes == 140
-    with pytest.raises(LimitExceeded, match=r"101 bytes exceed streamux_response_hold=100$"):
+    over = r"101 bytes exceed streamux_response_hold=100 \(raise it, or read the whole request before answering\)$"
+    with pytest.raises(LimitExceeded, match=over):
         b.may_hold(s1, 101)
     assert b.held_bytes == 50  # s1's no longer count (the I/O layer resets it)
     b.reset_channel(s1)

@@ -16,7 +16,7 @@ import pytest
 
 import polymux
 from cli.procs import Proc, Procs
-from polymux.apps.common import conversation_options, two_way
+from polymux.apps.common import conversation_options
 from polymux.apps.filetransfer import (
     PART_SUFFIX,
     Receiver,
@@ -187,8 +187,9 @@ def test_check_name_accepts_ordinary_names(tmp_path: Path) -> None:
         destination(tmp_path, "a\0b")
 
 
-@pytest.mark.parametrize("protocol", [p for p in polymux.PROTOCOLS if two_way(p)])
-async def test_transfer_over_every_two_way_format(tmp_path: Path, protocol: str) -> None:
+@pytest.mark.parametrize("protocol", polymux.PROTOCOLS)
+async def test_transfer_over_every_format(tmp_path: Path, protocol: str) -> None:
+    """Default settings; omnistreams carries each file on a pair of one-way streams."""
     src, dest = tmp_path / "src", tmp_path / "dest"
     digests = make_files(src, 6, 600_000, seed=len(protocol))
     log: list[str] = []

@@ -167,6 +167,7 @@ class RawPeer:
         self.engine: Engine = make_engine(fmt, SessionConfig(**options), is_client=True)
         self.events: list[ev.Event] = []
         self.eof = False
+        self.received = 0  # bytes read from the server, in all
 
     @classmethod
     async def connect(cls, port: int, fmt: str, *, rcvbuf: int | None = None, **options: Any) -> RawPeer:
@@ -192,6 +193,7 @@ class RawPeer:
         if not data:
             self.eof = True
             return False
+        self.received += len(data)
         with contextlib.suppress(ProtocolError):
             self.events.extend(self.engine.receive_data(data))
         return True

@@ -35,6 +35,10 @@ pytestmark = pytest.mark.timeout(120)
 
 GROWTH = 64 * MIB
 """The bound of the issue: RSS growth of the server above its baseline during a flood."""
+
+HELD = polymux.SessionConfig().streamux_hold_budget
+"""What a Streamux echo may hold on top of max_session_memory: responses wait for the end
+of their requests, which only reading brings (SECURITY.md)."""
 SECONDS = float(os.environ.get("POLYMUX_FLOOD_SECONDS", "3"))
 """How long each flood lasts (the benchmark runs them longer)."""
 
@@ -135,7 +139,8 @@ def _data_cycle(peer: RawPeer, handles: list[int], size: int) -> Callable[[], by
 @pytest.mark.parametrize("fmt", BIDI)
 async def test_echo_flood_never_read(fmt: str) -> None:
     """Data on 1,024 channels of an echo server; the peer never reads a byte. The server
-    may hold at most its budget (``max_session_memory``) however the data is spread."""
+    may hold at most its budget (``max_session_memory``) however the data is spread; a
+    Streamux echo also its held responses (``streamux_hold_budget``): its requests never end."""
     async with ServerProcess(fmt, "echo", send_timeout=30.0) as server:
         peer = await RawPeer.connect(server.port, fmt)
         try:
@@ -146,7 +151,7 @@ async def test_echo_flood_never_read(fmt: str) -> None:
             await asyncio.sleep(0.5)  # the server's work on what it read (RSS sampled meanwhile)
             await sampler.stop()
             _report(f"echo flood {fmt}", sampler, sent)
-            assert sampler.growth < GROWTH, sampler.growth
+            assert sampler.growth < GROWTH + (HELD if fmt == "streamux" else 0), sampler.growth
         finally:
             peer.close()
 
@@ -627,11 +632,15 @@ class BlackHole:
         self.server.close()
 
 
+@pytest.mark.parametrize("busy", (True, False), ids=("busy", "idle"))
 @pytest.mark.parametrize("fmt", PINGS)
-async def test_client_notices_a_silent_cut_within_keepalive(fmt: str) -> None:
-    """A polymux client with 16 channels busy both ways; the path goes silent (no FIN, no
-    RST). Every channel fails within keepalive interval + timeout (+ slack), although
-    unsent data is queued (the close does not wait for it)."""
+async def test_client_notices_a_silent_cut_within_keepalive(fmt: str, busy: bool) -> None:
+    """A polymux client with 16 channels, busy both ways or idle; the path goes silent (no
+    FIN, no RST). Every channel fails within keepalive interval + timeout (+ slack),
+    although unsent data is queued (the close does not wait for it). With data queued our
+    ping never leaves our buffers: the peer taking none of our bytes is judged by
+    stall_timeout (set here; by default keepalive_timeout with credit, 120 s without, where
+    not reading is a peer's backpressure); idle, by keepalive_timeout with its defaults."""
 
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, polymux.PolymuxError):
@@ -643,14 +652,16 @@ async def test_client_notices_a_silent_cut_within_keepalive(fmt: str) -> None:
     hole = BlackHole(server.port)
     port = await hole.start()
     try:
+        stall = {"stall_timeout": 0.5} if busy else {}
         session = await polymux.connect(
-            "127.0.0.1", port, protocol=fmt, keepalive_interval=0.5, keepalive_timeout=0.5
+            "127.0.0.1", port, protocol=fmt, keepalive_interval=0.5, keepalive_timeout=0.5, **stall
         )
         failures: list[BaseException] = []
+        go = asyncio.Event()
 
-        async def busy(i: int) -> None:
+        async def work(i: int) -> None:
             reader, writer = await session.open_channel(f"c{i}")
-            chunk = os.urandom(16 * 1024)
+            chunk = os.urandom(16 * 1024 if busy else 16)
 
             async def read() -> None:
                 while await reader.read(65536):
@@ -658,17 +669,22 @@ async def test_client_notices_a_silent_cut_within_keepalive(fmt: str) -> None:
 
             reading = asyncio.ensure_future(read())
             try:
-                while True:
+                writer.write(chunk)
+                await writer.drain()
+                while busy:
                     writer.write(chunk)
                     await writer.drain()
+                await go.wait()
+                await reading  # idle: fails with the session
             except (ConnectionError, polymux.PolymuxError) as exc:
                 failures.append(exc)
             with contextlib.suppress(ConnectionError, polymux.PolymuxError):
                 await reading
 
-        tasks = [asyncio.ensure_future(busy(i)) for i in range(16)]
+        tasks = [asyncio.ensure_future(work(i)) for i in range(16)]
         await asyncio.sleep(0.3)  # traffic flows for a while before the cut
         hole.cut()
+        go.set()
         start = time.monotonic()
         async with asyncio.timeout(0.5 + 0.5 + 5):
             await asyncio.gather(*tasks)
@@ -679,3 +695,59 @@ async def test_client_notices_a_silent_cut_within_keepalive(fmt: str) -> None:
     finally:
         await hole.aclose()
         server.close()
+
+
+# -- 7. what a peer can make us send per byte it sends ----------------------------------------
+
+AMPLIFICATION = 2.0
+"""SECURITY.md: answers (ping answers, acknowledgements, credit, refusals) cost at most
+twice the bytes of what asked for them."""
+
+
+@pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
+async def test_answers_cost_at_most_twice_what_asked_for_them(fmt: str) -> None:
+    """Every frame a peer can send that makes us answer, at the peer's cheapest: pings (an
+    answer each), 200 opens (accepted or refused: an answer each; omnistreams with a
+    chunkSize of 1 byte, whose window was granted as 4,112 REQUEST_DATA messages), a
+    thousand 1-byte data frames (credit returned as the application reads), and the ends.
+    The server's whole answer, read to the last byte, is at most twice what we sent."""
+    async with ServerProcess(fmt, "discard", keepalive_interval=None) as server:
+        peer = await RawPeer.connect(server.port, fmt, send_frame=1)  # omnistreams: chunkSize 1
+        try:
+            await peer.handshake()
+            before = peer.received
+            burst = bytearray()
+            engine = peer.engine
+            if engine.has_ping and engine.ping_answered:
+                burst += await _ping_bytes(peer, 1000)
+            handles = []
+            with contextlib.suppress(RuntimeError, polymux.LimitExceeded):
+                for i in range(200):
+                    handles.append(engine.open_channel(f"c{i}"))
+            burst += peer.take()
+            await peer.send(bytes(burst))
+            # Credit comes with the acceptance, or after it (omnistreams).
+            await peer.until(lambda: all(engine.send_credit(h) > 0 for h in handles), timeout=30)
+            for _ in range(5):
+                for h in handles:
+                    if engine.send_credit(h) > 0:
+                        engine.send_data(h, b"x")
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    engine.end_channel(h)
+            rest = peer.take()
+            await peer.send(rest)
+            sent = len(burst) + len(rest)
+            # Read the answers until the server has nothing more to say for 0.5 s.
+            received = peer.received - before
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    async with asyncio.timeout(0.5):
+                        data = await peer.loop.sock_recv(peer.sock, 1 << 20)
+                    if not data:
+                        break
+                    received += len(data)
+            print(f"{fmt}: {sent} bytes sent, {received} bytes of answers ({received / sent:.2f} x)")
+            assert received <= AMPLIFICATION * sent, (sent, received)
+        finally:
+            peer.close()

@@ -336,69 +336,73 @@ def streamux_request(a: SessionCore, b: SessionCore, body: bytes) -> tuple[int, 
 def test_a_streamux_response_is_held_until_its_request_ends() -> None:
     """Streamux: a response cannot go out before its request ended, and the requester cannot
     be slowed down; so the handler's writer is not paused past its high mark (the held
-    bytes count in full in the memory budget instead), and the response goes once the
+    bytes count against the format's own limits, not max_session_memory: only reading
+    ends the request, so they must never pause it), and the response goes once the
     request ends."""
     a, b = pair("streamux", server={"write_buffer_high": 1000})
     x, y = streamux_request(a, b, b"question")
     assert b.write(y, bytes(5000)) is False
-    assert b.channels[y].holding and b._held == 5000 + len(b"question")
+    assert b.channels[y].holding and b._holding == 5000 and b._held == len(b"question")
     assert b.write(y, bytes(5000)) is False
     pump(a, b)
     assert not received(a.events(), x)
     a.write_eof(x)
     pump(a, b)
     assert len(received(a.events(), x)) == 10_000
-    assert not b.channels[y].holding
+    assert not b.channels[y].holding and b._holding == 0
     b.consumed(y, len(b"question"))
     assert b._held == 0
 
 
 def test_a_streamux_response_past_its_hold_limit_is_reset() -> None:
     """Past streamux_response_hold the held response is reset: the handler's channel
-    finishes with ChannelOverflow, and write() asks for no pause."""
-    a, b = pair("streamux", server={"write_buffer_high": 1000, "streamux_response_hold": 4000})
+    finishes with ChannelOverflow naming the limit and how to raise it, and write() asks
+    for no pause."""
+    a, b = pair(
+        "streamux",
+        server={"write_buffer_high": 1000, "streamux_response_hold": 4000, "streamux_hold_budget": 8000},
+    )
     _x, y = streamux_request(a, b, b"q")
     assert b.write(y, bytes(3000)) is False  # pauses? no: held (3000 <= 4000)
     assert b.write(y, bytes(3000)) is False  # 6000 > 4000: reset
     done = one(b.events(), ce.Finished)
     assert done.handle == y and isinstance(done.error, ChannelOverflow)
-    assert "exceed streamux_response_hold=4000" in str(done.error)
-    assert y not in b.channels and b._unsent == 0
+    assert "exceed streamux_response_hold=4000 (raise it" in str(done.error)
+    assert y not in b.channels and b._unsent == 0 and b._holding == 0
 
 
-def test_past_max_session_memory_the_largest_holder_is_reset() -> None:
-    """Held responses count in full in max_session_memory; past it, instead of pausing
-    reading (which would hold back the very requests they wait for), the largest holder is
-    reset until the session is within its budget."""
+def test_held_responses_past_max_session_memory_never_pause_reading() -> None:
+    """Held responses beyond max_session_memory: reading goes on (it is what ends the
+    requests they wait for), and the other writers are not held back by them."""
     a, b = pair("streamux", server={"write_buffer_high": 1000, "max_session_memory": 64 * 1024})
     _x1, y1 = streamux_request(a, b, b"1")
     _x2, y2 = streamux_request(a, b, b"2")
-    assert b.write(y1, bytes(20_000)) is False
-    assert b.write(y2, bytes(40_000)) is False
-    b.events()
-    assert b.write(y1, bytes(10_000)) is False  # 70 KiB held: y2, the largest, goes
-    done = one(b.events(), ce.Finished)
-    assert done.handle == y2 and isinstance(done.error, ChannelOverflow)
-    assert "held 40000 bytes back for the format" in str(done.error)
-    assert "max_session_memory=65536" in str(done.error)
-    assert y1 in b.channels and b.reading
+    assert b.write(y1, bytes(60_000)) is False
+    assert b.write(y2, bytes(60_000)) is False
+    assert b.reading and not of(b.events(), ce.Finished)
+    assert b._holding == 120_000 and b._held == 2
 
 
-def test_the_largest_holder_reset_during_its_own_write_asks_for_no_pause() -> None:
-    """The write that takes the session past its budget may be the largest holder's own:
-    it is reset within write(), which then asks for no pause (it used to say "pause" for
-    the channel it had just reset, and queue it again)."""
-    a, b = pair("streamux", server={"write_buffer_high": 1000, "max_session_memory": 64 * 1024})
+def test_the_response_that_passes_the_hold_budget_is_reset_and_asks_for_no_pause() -> None:
+    """The write that takes the session's held responses past streamux_hold_budget resets
+    its own channel within write(), which asks for no pause (and does not queue it again);
+    the other held response goes on."""
+    a, b = pair(
+        "streamux",
+        server={"write_buffer_high": 1000, "streamux_response_hold": 50_000, "streamux_hold_budget": 60_000},
+    )
     _x1, y1 = streamux_request(a, b, b"1")
     _x2, y2 = streamux_request(a, b, b"2")
     b.write(y1, bytes(20_000))
     b.write(y2, bytes(30_000))
     b.events()
     assert b.write(y2, bytes(20_000)) is False
-    assert one(b.events(), ce.Finished).handle == y2
-    assert not b._held_writers and b._unsent == 20_000
+    done = one(b.events(), ce.Finished)
+    assert done.handle == y2 and "exceed streamux_hold_budget=60000 (raise it)" in str(done.error)
+    assert not b._held_writers and b._unsent == 20_000 and b._holding == 20_000
     b.data_to_send()  # its stale queue entry is skipped and dropped
     assert all(ch.handle != y2 for ch in b._ready_queue)
+    assert y1 in b.channels and b.reading
 
 
 # -- the end of the connection ------------------------------------------------------------------

@@ -150,6 +150,7 @@ def test_smux_keepalive_is_answered_by_any_frame_and_waits_one_interval_more() -
     assert one(a.events(), ce.PingAnswered)
     assert a.next_deadline() == 31.0
     a.handle_timer(31.0)
+    drain(a)  # the NOP leaves: the wait starts
     a.handle_timer(56.0)
     assert "within 25 s (keepalive_timeout=10)" in str(one(a.events(), ce.Failed).error)
 
@@ -422,3 +423,152 @@ def test_the_timer_heap_drops_entries_of_gone_channels() -> None:
     assert any(t[2] == live for t in a._timers)
     a.handle_timer(75.0)  # the dead entries due are skipped, the live one fires
     assert live not in a.channels
+
+
+# -- liveness judges the peer, never ourselves ------------------------------------------------
+
+STREAMUX_KA = {**KEEPALIVE, "receive_window": 1000}
+
+
+def streamux_pair(**options: object) -> tuple[SessionCore, SessionCore, int, int]:
+    """A Streamux client and server with a request open from the client: (a, b, a's
+    handle, b's handle); the connection made at 0."""
+    a, b = pair("streamux", **{**STREAMUX_KA, **options})  # type: ignore[arg-type]
+    x = a.open_channel()
+    a.write(x, b"q")
+    pump(a, b)
+    y = one(b.events(), ce.Incoming).handle
+    return a, b, x, y
+
+
+def stop_reading(a: SessionCore, b: SessionCore, x: int, now: float) -> None:
+    """``a`` sends past ``b``'s receive_window on a request ``b``'s application does not
+    read: ``b`` stops reading the connection (its slow-reader policy)."""
+    a.write(x, bytes(5000))
+    b.receive_data(drain(a), now)
+    assert not b.reading
+
+
+def test_no_keepalive_verdict_while_we_do_not_read_and_a_new_count_once_we_do() -> None:
+    """Our own limits stop reading (a slow application on a format without credit): the
+    peer's answer may sit unread in our socket, so the keepalive gives no verdict however
+    long that lasts; once we read again, the peer gets a full keepalive_timeout."""
+    a, b, _x, y = streamux_pair()
+    stop_reading(a, b, _x, 1.0)
+    b.handle_timer(15.0)
+    drain(b)
+    for t in (25.0, 60.0, 100.0):
+        b.handle_timer(t)
+        assert not b.failed
+    b.consumed(y, 5001)  # the application reads: so does the session
+    assert b.reading
+    b.handle_timer(b.next_deadline() or 0.0)  # the first check after reading again
+    assert not b.failed
+    start = b.next_deadline()
+    assert start is not None
+    b.handle_timer(start)
+    assert not b.failed  # a full timeout from there
+    b.handle_timer(start + 10.0)
+    assert "keepalive failed: no answer to a ping" in str(one(b.events(), ce.Failed).error)
+
+
+def test_while_we_do_not_read_we_ping_and_the_peers_pings_show_it_alive() -> None:
+    """Without credit, a session that does not read pings every min(interval, timeout / 2):
+    the answers wait unread, but the peer (whose own ping we cannot answer now) counts our
+    pings as signs of life. The heartbeat stops once we read again."""
+    a, b, x, y = streamux_pair()
+    stop_reading(a, b, x, 1.0)
+    assert b.next_deadline() == 6.0  # 1 + min(15, 10 / 2)
+    b.handle_timer(6.0)
+    heartbeat = drain(b)
+    assert heartbeat  # a ping (an empty terminated request)
+    assert b.next_deadline() == 11.0
+    # The peer's keepalive: its ping left, b does not answer (not reading), but b's
+    # heartbeat reaches it: no verdict against b.
+    a.handle_timer(15.0)
+    drain(a)
+    b.handle_timer(16.0)
+    a.receive_data(drain(b), 16.0)
+    a.handle_timer(25.0)
+    assert not a.failed and not of(a.events(), ce.Failed)
+    assert a.next_deadline() == 40.0  # the next keepalive ping, one interval on
+    b.consumed(y, 5001)
+    assert b.reading
+    b.handle_timer(21.0)
+    assert b._heartbeat_at is None  # no heartbeat once reading
+
+
+def test_the_peers_pings_are_no_answer_on_formats_with_credit() -> None:
+    """yamux has credit: a peer that pings but never answers ours is not reading what it
+    granted us; its pings are no sign of life there."""
+    a, b = pair("yamux", **KEEPALIVE)
+    keepalive_ping(a, 15.0)
+    b.ping(16.0)
+    a.receive_data(drain(b), 16.0)
+    a.handle_timer(25.0)
+    assert "no answer to a ping within 10 s" in str(one(a.events(), ce.Failed).error)
+
+
+def test_a_ping_the_peer_has_not_taken_is_judged_by_stall_timeout() -> None:
+    """Our ping waits behind bytes the peer has not taken (the socket's unsent bytes): no
+    keepalive verdict. Without credit (Streamux) the peer may take none of them for up to
+    stall_timeout (120 s by default): it is applying backpressure; then the session ends,
+    saying that the peer stopped reading."""
+    a, _b, _x, _y = streamux_pair()
+    taken = a._bytes_out - 500_000  # what the peer took: 500,000 bytes wait in our socket
+    a.socket_paused(True, 500_000)
+    a.handle_timer(15.0, 500_000)
+    drain(a)  # the ping is queued behind them: not taken
+    for t in (25.0, 75.0, 134.0):
+        a.handle_timer(t, a._bytes_out - taken)
+        assert not a.failed
+    a.handle_timer(135.0, a._bytes_out - taken)
+    error = str(one(a.events(), ce.Failed).error)
+    assert "the peer has taken none of our bytes (our ping among them) for 120 s (stall_timeout=120)" in error
+
+
+def test_progress_on_our_bytes_keeps_the_wait_going_and_stall_timeout_is_an_option() -> None:
+    """A peer that takes our bytes slowly is never stalled; one that stops taking them for
+    stall_timeout is. The ping judged once out, from then on."""
+    a, _b, _x, _y = streamux_pair(stall_timeout=30.0)
+    taken = a._bytes_out - 500_000
+    a.socket_paused(True, 500_000)
+    a.handle_timer(15.0, 500_000)
+    drain(a)
+    t = 15.0
+    while a._bytes_out - taken > 0:  # 10,000 bytes every 10 s: 500 s of slow progress
+        t += 10.0
+        taken = min(a._bytes_out, taken + 10_000)
+        a.handle_timer(t, a._bytes_out - taken)
+        assert not a.failed
+    # Taken at t: the answer is due within the timeout from there.
+    a.handle_timer(t + 9.0, 0)
+    assert not a.failed
+    a.handle_timer(t + 10.0, 0)
+    assert "no answer to a ping within 10 s" in str(one(a.events(), ce.Failed).error)
+
+
+def test_a_keepalive_ping_sent_while_the_socket_is_paused_waits_to_be_taken() -> None:
+    """The socket takes nothing when the keepalive ping is queued: it is not yet out, so
+    the wait for its answer starts only once the peer has taken it."""
+    a, _b = pair("yamux", **KEEPALIVE)
+    a.socket_paused(True, 1000)
+    a.handle_timer(15.0, 1000)
+    a.socket_paused(False, 0)
+    drain(a)
+    a.handle_timer(25.0, 0)  # taken since, at most: a full timeout from now
+    assert not a.failed and a.next_deadline() == 35.0
+    a.handle_timer(35.0, 0)
+    assert "no answer to a ping within 10 s" in str(one(a.events(), ce.Failed).error)
+
+
+def test_pings_skip_a_beat_when_every_request_id_is_in_flight() -> None:
+    """Streamux pings consume request ids until answered: with every id in flight, a
+    heartbeat or a keepalive ping is skipped (the keepalive tries again an interval later),
+    not an error."""
+    a, b, x, _y = streamux_pair(streamux_id_bits=(1, 1, 1))
+    stop_reading(a, b, x, 1.0)
+    for t in (6.0, 11.0, 16.0, 21.0):
+        b.handle_timer(t)
+        drain(b)
+    assert not b.failed

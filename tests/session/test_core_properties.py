@@ -52,8 +52,10 @@ def check_accounting(c: SessionCore) -> None:
     holding = sum(ch.buffered for ch in channels if ch.holding)
     unsent = sum(min(ch.buffered, cap) for ch in channels if not ch.holding)
     assert (c._unread, c._holding, c._unsent_counted) == (unread, holding, unsent)
-    # Unsent bytes count towards the budget only while the socket takes nothing.
-    assert c._held == unread + holding + (unsent if c._write_paused else 0)
+    # Unsent bytes count towards the budget only while the socket takes nothing; held
+    # responses never (the format bounds them: only reading ends their requests).
+    assert c._held == unread + (unsent if c._write_paused else 0)
+    assert getattr(c.engine, "held_bytes", 0) <= c.config.streamux_hold_budget
     for ch in c._held_writers:
         assert c.channels.get(ch.handle) is ch and ch.held and ch.paused
     pausers = sum(ch.slow for ch in channels)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
 
 from polymux._types import CaptureSink
+from polymux.aio._sockinfo import kernel_unsent
 from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
 from polymux.config import SessionConfig
@@ -247,6 +248,16 @@ class MuxProtocol(asyncio.Protocol):
         except NotImplementedError:
             return 0
 
+    def _untaken(self) -> int:
+        """Bytes we wrote that the peer has not taken yet, as far as we can see: the
+        transport's unsent bytes and the kernel's send queue (keepalive judges a ping only
+        once it has left both)."""
+        unsent = self._socket_unsent()
+        transport = self._transport
+        if transport is not None:
+            unsent += kernel_unsent(transport.get_extra_info("socket"))
+        return unsent
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """Extra information of the underlying transport."""
         if self._transport is None:
@@ -408,7 +419,7 @@ class MuxProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
-        self.core.handle_timer(_clock(), self._socket_unsent())
+        self.core.handle_timer(_clock(), self._untaken())
         self.process()
 
     # -- incoming channels -------------------------------------------------------------------
@@ -784,8 +795,11 @@ class MuxProtocol(asyncio.Protocol):
                 # peer still sends (credit updates) makes the kernel reset the connection,
                 # which can destroy data the peer has not read yet.
                 if transport.can_write_eof():
-                    transport.write_eof()
-                    self._eof_written = True
+                    try:
+                        transport.write_eof()
+                        self._eof_written = True
+                    except OSError:  # the peer is gone already (reset): nothing to finish
+                        transport.abort()
                 else:
                     transport.close()
                 try:

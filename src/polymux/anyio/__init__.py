@@ -25,10 +25,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from anyio.abc import ByteStream
+from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from polymux._types import BytesLike, CaptureSink
+from polymux.aio._sockinfo import kernel_unsent
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, make_engine
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
@@ -308,12 +309,12 @@ class AnyioSession:
         self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
         self._capture: CaptureSink | None = None
         self._processing = False
+        self._in_flight = 0  # bytes of the batch the stream is sending
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
     def _start_capture(self) -> None:
         """``SessionConfig.capture``: the same hook as the asyncio session's."""
-        from anyio.abc import SocketAttribute
 
         def addr(attribute: Any) -> str:
             value = self._stream.extra(attribute, None)
@@ -361,7 +362,10 @@ class AnyioSession:
                         handle = core.open_channel(name)
                         break
                     except NoRoomToOpen:
-                        self._room = anyio.Event()
+                        # One event for every waiting open (each making its own would
+                        # leave all but the last unwoken): a new one once it has fired.
+                        if self._room.is_set():
+                            self._room = anyio.Event()
                         await self._room.wait()
                         if self._room_error is not None:
                             error, self._room_error = self._room_error, None
@@ -560,9 +564,11 @@ class AnyioSession:
             if self._capture is not None:
                 self._capture.sent((data,))
             core.socket_paused(True, len(data))  # the stream has it until send() returns
+            self._in_flight = len(data)
             try:
                 await self._stream.send(data)
             finally:
+                self._in_flight = 0
                 core.socket_paused(False, 0)
             self._process()
 
@@ -593,8 +599,13 @@ class AnyioSession:
             with anyio.move_on_after(max(0.0, when - _clock())):
                 await self._deadline.wait()
             if _clock() >= when:
-                core.handle_timer(_clock())
+                core.handle_timer(_clock(), self._untaken())
                 self._process()
+
+    def _untaken(self) -> int:
+        """Bytes we wrote that the peer has not taken yet, as far as we can see: the batch
+        the stream is sending, and the kernel's send queue of a socket stream."""
+        return self._in_flight + kernel_unsent(self._stream.extra(SocketAttribute.raw_socket, None))
 
     async def _run(self) -> None:
         """Read the stream into the core."""

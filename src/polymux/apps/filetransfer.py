@@ -42,6 +42,7 @@ from dataclasses import dataclass, field as dc_field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
 
+from polymux import formats
 from polymux.aio.session import Session
 from polymux.apps.common import format_bytes
 from polymux.apps.records import RecordError, field, read_record, write_record
@@ -78,6 +79,16 @@ MAX_NAME_BYTES = 1024
 MAX_COMPONENT_BYTES = 255
 CHANNEL_NAME = "polymux-file"
 """Name of the channels the sender opens (the file name travels in the offer)."""
+
+BUSY_WAIT = 10.0
+"""Seconds an offer waits for an earlier transfer of the same file to end (a sender that
+resumes on a new connection may be faster than the old connection's end reaching us: a
+server reading a connection with no credit on the wire sees its end only after the data
+before it); then it is refused as busy."""
+
+REPLY_TIMEOUT = 60.0
+"""Seconds the sender waits for each answer of the receiver (the accept, after which it
+may have hashed a large partial file, and the final confirmation)."""
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -161,19 +172,27 @@ class Receiver:
     polymux server (or of a client session the sender connects to).
 
     ``log(line)`` gets one line per file (received, refused, interrupted, failed).
-    ``max_size`` refuses larger files.
+    ``max_size`` refuses larger files. ``on_file(name, size, offer, peer)`` is called for
+    each file received and verified (not for one that was there unchanged), with the
+    sender's offer record (any extra fields it carried) and its address.
     """
 
     def __init__(
-        self, root: Path, *, log: Callable[[str], None] | None = None, max_size: int | None = None
+        self,
+        root: Path,
+        *,
+        log: Callable[[str], None] | None = None,
+        max_size: int | None = None,
+        on_file: Callable[[str, int, dict[str, Any], str], None] | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = log or (lambda line: print(line, flush=True))
         self.max_size = max_size
+        self.on_file = on_file
         self.stats = ReceiverStats()
         """Counters of what happened."""
-        self._busy: set[Path] = set()
+        self._busy: dict[Path, asyncio.Event] = {}  # set when that transfer ends
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Receive one file from one channel."""
@@ -209,15 +228,26 @@ class Receiver:
             self.stats.refused += 1
             self.log(f"refused: {name!r} from {peer}: size {size} not allowed")
             raise TransferError(f"{name!r}: size {size} is over the limit", "too-large")
+        earlier = self._busy.get(target)
+        if earlier is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(BUSY_WAIT):
+                    await earlier.wait()
         if target in self._busy:
             self.stats.refused += 1
             self.log(f"refused: {name!r} from {peer}: already being received")
-            raise TransferError(f"{name!r} is already being received", "busy")
-        self._busy.add(target)
+            raise TransferError(
+                f"{name!r} is already being received (an earlier transfer still runs after {BUSY_WAIT:g} s)",
+                "busy",
+            )
+        done = self._busy[target] = asyncio.Event()
         try:
-            await self._receive_into(reader, writer, peer, name, size, target)
+            fresh = await self._receive_into(reader, writer, peer, name, size, target)
         finally:
-            self._busy.discard(target)
+            del self._busy[target]
+            done.set()
+        if fresh and self.on_file is not None:
+            self.on_file(name, size, offer, peer)
 
     async def _receive_into(
         self,
@@ -227,7 +257,8 @@ class Receiver:
         name: str,
         size: int,
         target: Path,
-    ) -> None:
+    ) -> bool:
+        """Receive into ``target``; True for a new file (False: it was there unchanged)."""
         part = target.with_name(target.name + PART_SUFFIX)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.parent.resolve().is_relative_to(self.root):
@@ -301,6 +332,7 @@ class Receiver:
             self.stats.files += 1
             note = f", resumed at {format_bytes(offset)}" if offset else ""
             self.log(f"received: {name} ({format_bytes(size)}, sha256 {actual[:16]} ok{note}) from {peer}")
+        return not unchanged
 
     def _interrupted(self, name: str, peer: str, have: int, size: int, why: str) -> None:
         self.stats.interrupted += 1
@@ -414,7 +446,9 @@ async def send_file(
     transfer.started = time.perf_counter()
     writer: asyncio.StreamWriter | None = None
     try:
-        reader, writer = await session.open_channel(CHANNEL_NAME)
+        # A pair of streams on one-way formats (omnistreams): a transfer talks both ways.
+        async with asyncio.timeout(REPLY_TIMEOUT):
+            reader, writer = await session.open_pair(CHANNEL_NAME)
         await _send(reader, writer, transfer, progress, limiter)
     except (TransferError, RecordError, ConnectionError, PolymuxError, OSError) as exc:
         transfer.status = "failed"
@@ -438,7 +472,7 @@ async def _send(
 ) -> None:
     write_record(writer, {"type": "offer", "name": t.name, "size": t.size})
     await writer.drain()
-    reply = await read_record(reader)
+    reply = await _answer(reader, writer, "the offer of " + t.name)
     if reply is None:
         raise TransferError("the receiver closed the channel without an answer")
     if reply["type"] == "error":
@@ -484,7 +518,7 @@ async def _send(
     write_record(writer, {"type": "end", "sha256": t.sha256})
     writer.write_eof()
     await writer.drain()
-    reply = await read_record(reader)
+    reply = await _answer(reader, writer, "the end of " + t.name)
     if reply is None:
         raise TransferError("the receiver closed the channel without confirming")
     if reply["type"] == "error":
@@ -492,6 +526,28 @@ async def _send(
     if reply["type"] != "done" or reply.get("sha256") != t.sha256:
         raise TransferError(f"not confirmed: {reply!r}", "checksum")
     t.status = "unchanged" if start == t.size and t.size and t.sent == 0 else "done"
+
+
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, what: str
+) -> dict[str, Any] | None:
+    """The receiver's next record, within :data:`REPLY_TIMEOUT`; a wait past it fails the
+    transfer with what was waited for and, where the format holds answers back, why."""
+    try:
+        async with asyncio.timeout(REPLY_TIMEOUT):
+            return await read_record(reader)
+    except TimeoutError:
+        protocol = writer.get_extra_info("protocol_name") or ""
+        hint = ""
+        option = formats.get(protocol).caps.conversation_option if protocol in formats.PROTOCOLS else None
+        if option is not None:
+            hint = (
+                f" ({protocol} holds an answer until the request ends unless the receiver sets "
+                f"{option}=True, as polymux's file receivers do: is the receiver started without it?)"
+            )
+        raise TransferError(
+            f"no answer from the receiver to {what} within {REPLY_TIMEOUT:g} s{hint}", "timeout"
+        ) from None
 
 
 def _hash_stream(f: IO[bytes], n: int, digest: Any) -> None:

@@ -299,7 +299,15 @@ async def _channel(
             got += len(data)
             echoed[index] = got
         if mode == "echo" and got != size:
-            raise Mismatch(f"the echo ended after {got} of {size} bytes")
+            hint = ""
+            if polymux.formats.get(session.protocol).caps.conversation_option is not None:
+                # Request/response (Streamux): a responder cannot fail a request on the
+                # wire, it can only end the response early.
+                hint = (
+                    f" ({session.protocol} has no way to report a failed request: the server ended "
+                    "its response early; its log says why)"
+                )
+            raise Mismatch(f"the echo ended after {got} of {size} bytes{hint}")
 
     try:
         if mode == "one-way":

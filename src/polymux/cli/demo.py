@@ -23,10 +23,10 @@ from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS,
+    conversation_options,
     format_bytes,
     run as run_loop,
     size,
-    two_way,
 )
 from polymux.apps.filetransfer import Receiver, Transfer, send_with_progress, summary
 
@@ -96,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(f"--total {args.total} is less than one byte per file ({args.files} files)")
     if args.interrupt is not None and not 1 <= args.interrupt <= 99:
         args.parser.error("--interrupt must be a percentage in 1..99")
-    if not two_way(args.protocol):
-        args.parser.error(f"{args.protocol} channels are one-way; the file transfer needs two-way channels")
     work = Path(tempfile.mkdtemp(prefix="polymux-demo-"))
     try:
         transfers = _make_files(work / "outbox", args.files, args.total)
@@ -126,7 +124,11 @@ def _make_files(outbox: Path, files: int, total: int) -> list[Transfer]:
 async def _demo(args: argparse.Namespace, work: Path, transfers: list[Transfer]) -> int:
     log: list[str] = []
     receiver = Receiver(work / "inbox", log=log.append)
-    server = await polymux.start_server(receiver.handle, "127.0.0.1", 0, protocol=args.protocol)
+    # A file's channel is a conversation (offer, accept, data ...): on Streamux the
+    # receiver answers before the request ends, a polymux extension both ends here share.
+    server = await polymux.start_server(
+        receiver.handle, "127.0.0.1", 0, protocol=args.protocol, **conversation_options(args.protocol)
+    )
     async with server:
         total = sum(t.size for t in transfers)
         at_once = min(args.parallel, len(transfers))

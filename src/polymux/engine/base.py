@@ -123,6 +123,9 @@ class Engine(ABC, Generic[R]):
     boundaries (omnistreams over WebSocket) instead of a byte stream."""
     rtt: float | None = None
     """The latest round-trip time measured with a ping (formats with pings)."""
+    peer_pings: int = 0
+    """Pings received from the peer (and answered), in all: on formats without credit, a
+    peer that does not read (its backpressure) but pings shows that it is alive."""
     _tables: ClassVar[tuple[Transitions, Transitions]]
     """The format's transition tables: ``[False]`` for channels the peer opened, ``[True]``
     for ours (the same table twice where the roles do not differ)."""

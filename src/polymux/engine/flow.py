@@ -43,6 +43,20 @@ def budget_window(configured: int, budget: int, granted: int, floor: int = MIN_B
     return max(min(configured, floor), min(configured, room // 4))
 
 
+MAX_MESSAGE_CREDIT = 1024
+"""The most messages a message credit (omnistreams) grants a stream at once. A window is
+granted as ``bytes // chunk`` messages, and the peer picks the chunk: a chunk of 1 byte
+would have a 1 MiB window granted as 1,048,576 messages, 4,112 REQUEST_DATA messages
+answering one 30-byte CREATE. Capped, the grant is at most 5 messages of a few bytes;
+a peer that picks chunks of under ``window / 1024`` bytes gets less than the window."""
+
+
+def message_window(window: int, chunk: int) -> int:
+    """Messages of at most ``chunk`` bytes to grant for a byte ``window`` (at least one, at
+    most :data:`MAX_MESSAGE_CREDIT`)."""
+    return max(1, min(window // chunk, MAX_MESSAGE_CREDIT))
+
+
 def default_ack_threshold(window: int, minimum: int) -> int:
     """Consumed bytes to collect before returning credit: ``max(minimum, window / 8)``.
 

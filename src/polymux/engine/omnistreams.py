@@ -16,8 +16,10 @@ Rules:
   not a JSON object is accepted as opaque bytes (name ``""``, no chunk size).
 * Credit counts **messages**: a writer splits data into chunks of at most its announced
   ``chunkSize`` and sends no more messages than the reader requested (REQUEST_DATA, 1..255
-  per message). A reader grants ``receive_window // chunkSize`` messages (at least one)
-  and re-grants them as the application consumes the bytes. A larger chunk than announced
+  per message). A reader grants ``receive_window // chunkSize`` messages (at least one,
+  at most 1,024: :data:`~polymux.engine.flow.MAX_MESSAGE_CREDIT`, so that a peer choosing
+  tiny chunks cannot make one CREATE cost thousands of grants) and re-grants them as the
+  application consumes the bytes. A larger chunk than announced
   (or than ``max_message_size`` when none was announced) is a protocol error, as is a
   message beyond the credit (:class:`~polymux.exceptions.FlowControlError`).
 * Data for an id that is not open gets CANCEL_SEND (as the spec says) and is ignored; data,
@@ -56,7 +58,7 @@ from polymux.engine.events import (
     CreditAvailable,
     Event,
 )
-from polymux.engine.flow import MessageCredit, MessageWindow, budget_window, split_count
+from polymux.engine.flow import MessageCredit, MessageWindow, budget_window, message_window, split_count
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import omnistreams as wire
 from polymux.wire.omnistreams import Kind
@@ -339,7 +341,9 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         # The byte window fits the session's memory budget with the other streams'.
         config = self.config
         granted = sum(r.recv.window * r.send.chunk for r in self._channels.values() if r.recv is not None)
-        window = max(1, budget_window(config.receive_window, config.max_session_memory, granted) // chunk)
+        window = message_window(
+            budget_window(config.receive_window, config.max_session_memory, granted), chunk
+        )
         record = self._create(
             OmnistreamsRecord,
             sid,

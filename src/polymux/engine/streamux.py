@@ -237,6 +237,7 @@ class StreamuxEngine(Engine[StreamuxRecord]):
             return
         if record is None:
             if n == 0:  # an empty message: a ping
+                self.peer_pings += 1
                 self._chunk(cid, 0, response=True, termination=True)
                 return
             record = self._new_record(cid, local=False)
@@ -340,11 +341,14 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         total = self.held_bytes - record.held + held
         problem = None
         if held > config.streamux_response_hold:
-            problem = f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold}"
+            problem = (
+                f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold} "
+                "(raise it, or read the whole request before answering)"
+            )
         elif total > config.streamux_hold_budget:
             problem = (
                 f"{total} bytes held by the session's responses exceed "
-                f"streamux_hold_budget={config.streamux_hold_budget}"
+                f"streamux_hold_budget={config.streamux_hold_budget} (raise it)"
             )
         if problem is not None:
             self._release_hold(record)

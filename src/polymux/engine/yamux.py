@@ -228,6 +228,7 @@ class YamuxEngine(Engine[YamuxRecord]):
 
     def _on_ping(self, flags: int, opaque: int, events: list[Event]) -> None:
         if flags & Flag.SYN:
+            self.peer_pings += 1
             self._out.append(wire.encode_header(Type.PING, Flag.ACK, 0, opaque))
         elif flags & Flag.ACK:
             sent = self._pings.pop(opaque, None)

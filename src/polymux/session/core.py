@@ -58,14 +58,16 @@ _CONTROLS = 2
 _BACKLOG = 4
 """Replies cannot be written (the peer does not read): ``max_queued_control``."""
 _BUDGET = 8
-"""The session holds ``max_session_memory`` (unread plus unsent bytes)."""
+"""The session holds ``max_session_memory`` (unread bytes, and unsent bytes while the
+socket takes nothing). Only what the application or the peer can bring down counts: a
+Streamux response held until its request ends is bounded by the format's own limits
+(``streamux_response_hold``, ``streamux_hold_budget``), since only reading ends the request."""
 _STALLED = _BACKLOG | _BUDGET
 
 # What the memory budget counts (SessionCore._hold / _release).
 _UNREAD = 0
 _UNSENT = 1
 _HOLDING = 2
-"""Reasons that, with the socket unwritable, start the ``send_timeout`` clock."""
 
 _MAX_UNREAD_CONTROLS = 1024
 """Control messages (omnistreams) held unread before the session stops reading."""
@@ -73,6 +75,11 @@ _MAX_UNREAD_CONTROLS = 1024
 _BUSY_READ = 64 * 1024
 """A socket read at least this large means the peer had more queued: it is busy, not dead
 (keepalive waits longer for an answer that sits behind what it sent)."""
+
+STALL_TIMEOUT_WITHOUT_CREDIT = 120.0
+"""The default ``stall_timeout`` of formats without credit on the wire (mstream-v1, mplex,
+multiplex, Streamux, smux version 1): there a peer stops reading to slow us down, so a
+peer that takes none of our bytes for a while is applying backpressure, not dead."""
 
 # Per-channel deadlines (SessionCore._timers entries).
 _OPEN = 0  # stream_open_timeout: the peer never acknowledged our open
@@ -215,8 +222,7 @@ class SessionCore:
         self._held = 0  # what counts now: unread + holding (+ unsent while the socket is paused)
         self._unread = 0  # received, not yet consumed by the application
         self._unsent_counted = 0  # unsent, counted per channel up to twice its high-water mark
-        self._holding = 0  # unsent bytes the format holds back (Engine.may_hold), in full
-        self._dropping = False  # _drop_holders is running (it releases, which checks again)
+        self._holding = 0  # unsent bytes the format holds back (Engine.may_hold): not in _held
         self._hold_limit, self._hold_resume = budget, budget * 3 // 4
         self._unsent = 0
         self._unsent_limit, self._unsent_resume = budget // 2, budget // 4
@@ -245,8 +251,20 @@ class SessionCore:
         self._ping_due: float | None = None
         self._ka_opaque: int | None = None
         self._ka_deadline = 0.0
-        self._ka_waited = 0.0
-        self._ka_mark = 0
+        # Liveness judges the peer only on what it has had a chance to answer: our ping
+        # must have left our buffers (_ka_offset: where it ends in what we wrote; taken
+        # once _bytes_out - unsent reaches it), and we must be reading (_ka_unread: reading
+        # was paused since the last check).
+        self._bytes_out = 0  # bytes data_to_send() returned, in all
+        self._ka_offset: int | None = None
+        self._ka_taken_at: float | None = None  # when the ping was seen out of our buffers
+        self._ka_mark = 0  # bytes the peer had taken at the last sign of progress ...
+        self._ka_progress_at = 0.0  # ... and when
+        self._ka_unread = False
+        self._ka_writable = False  # the socket took bytes from the keepalive ping on
+        self._ka_peer_pings = 0  # the peer's pings when ours went out (formats without credit)
+        self._credit = engine.has_flow_control
+        self._heartbeat_at: float | None = None
         # omnistreams control messages not yet taken by the application.
         self._controls: deque[bytes] = deque()
 
@@ -286,7 +304,7 @@ class SessionCore:
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` must next be called (``None``: no deadline)."""
-        deadlines = [self._handshake_at, self._stall_at, self._ping_due]
+        deadlines = [self._handshake_at, self._stall_at, self._ping_due, self._heartbeat_at]
         if self._ka_opaque is not None:
             deadlines.append(self._ka_deadline)
         timeout = self.config.idle_timeout
@@ -307,6 +325,12 @@ class SessionCore:
         if self.failed:
             return engine.data_to_send()  # the last words (a go-away), no more data
         out = engine.data_to_send()
+        if self._ka_opaque is not None and self._ka_offset is None and out:
+            # The keepalive ping goes out now (control frames come first): it is taken
+            # once everything up to here has left our buffers.
+            self._ka_offset = self._bytes_out + sum(map(len, out))
+            if self._ka_writable:
+                self._ka_taken_at = self._now  # provisional: the timer checks the socket
         ready = self._ready_queue
         if ready:
             turn = max(engine.max_frame, _QUANTUM)
@@ -324,6 +348,8 @@ class SessionCore:
                     channel.queued = True
                     ready.append(channel)
             out += engine.data_to_send()
+        if out:
+            self._bytes_out += sum(map(len, out))
         if self._read_block & _BACKLOG and not self._write_paused:
             self._block_reading(_BACKLOG, False)
         return out
@@ -332,6 +358,8 @@ class SessionCore:
         """The socket stopped (or resumed) taking our bytes; ``unsent``: its buffered bytes."""
         self._write_paused = paused
         self._socket_unsent = unsent
+        if paused:
+            self._ka_writable = False
         self._check_budget()  # unsent bytes count while the socket is paused
         if paused:
             self._arm_stall(unsent)
@@ -364,11 +392,13 @@ class SessionCore:
         if self._ping_due is not None and now >= self._ping_due and self._ka_opaque is None:
             self._ping_due = None
             if self._ready and not self.closing:
-                self._ka_opaque = self.ping(now, by_application=False)
-                self._ka_deadline = now + self._ka_timeout()
-                self._ka_waited = 0.0
-                self._ka_mark = unsent
+                self._keepalive_ping(now, unsent)
+        if self._heartbeat_at is not None and now >= self._heartbeat_at:
+            self._heartbeat(now)
         timeout = self.config.idle_timeout
+        if self._read_block:
+            # Not reading: nothing the peer sent can be seen; idleness counts from when we read.
+            self._last_activity = max(self._last_activity, now)
         if (
             timeout is not None
             and not self.channels
@@ -462,7 +492,7 @@ class SessionCore:
         self._pings.clear()
         self._timers.clear()
         self._held_writers.clear()
-        self._stall_at = self._handshake_at = self._ping_due = None
+        self._stall_at = self._handshake_at = self._ping_due = self._heartbeat_at = None
         self._ka_opaque = None
         self._events.append(ce.RoomToOpen(everyone=True))
 
@@ -589,19 +619,17 @@ class SessionCore:
         self._unsent += n
         cap = self._unsent_cap
         if channel.holding:
-            self._hold(n, _HOLDING)  # what the format holds back counts in full
-            if channel.handle not in self.channels:
-                # Past max_session_memory it was the largest holder and was reset: nothing
-                # to queue or pause (its Finished is out).
+            self._hold(n, _HOLDING)
+            if self._may_hold(channel):  # within the format's limits (else it was reset)
                 return False
         elif old < cap:
             self._hold(min(new, cap) - old, _UNSENT)
         if not channel.queued and channel.accepted:
             channel.queued = True
             self._ready_queue.append(channel)
-        if not channel.paused and (new > channel.high or self._unsent > self._unsent_limit):
+        if not channel.paused and (new > channel.high or self._unsent - self._holding > self._unsent_limit):
             # Over our own high-water mark, or the session holds half its memory budget
-            # in unsent bytes.
+            # in unsent bytes (held responses apart: the format bounds those).
             if self._may_hold(channel):
                 return False
             channel.paused = True
@@ -942,7 +970,7 @@ class SessionCore:
         """Pause or resume a writer by its marks (and the session's budget); returns the
         new state when it changed."""
         if channel.paused and channel.buffered <= channel.low:
-            if self._unsent > self._unsent_limit:
+            if self._unsent - self._holding > self._unsent_limit:
                 self._hold_writer(channel)  # resumes once the session's unsent bytes fall
                 return None
             channel.paused = False
@@ -983,6 +1011,10 @@ class SessionCore:
         if after == before:
             return
         self._read_block = after
+        if after and not before:
+            self._ka_unread = True  # the keepalive does not judge what we did not read
+            if self._keepalive and not self._credit and self._heartbeat_at is None:
+                self._heartbeat_at = self._now + self._heartbeat_period()
         if on and reason & _STALLED and self._write_paused:
             self._arm_stall(self._socket_unsent)
 
@@ -1047,42 +1079,22 @@ class SessionCore:
 
     def _check_budget(self) -> None:
         """Pause reading while the session holds more than max_session_memory: unread bytes,
-        bytes the format holds back, and unsent bytes while the socket takes nothing (bytes
-        waiting for the peer's credit do not count: reading is what brings the credit, so
-        counting them would deadlock a session that has many channels waiting for it)."""
-        held = self._unread + self._holding + (self._unsent_counted if self._write_paused else 0)
+        and unsent bytes while the socket takes nothing. Only what the application (reading)
+        or the peer (taking our bytes) can bring down counts, so that reading, once paused,
+        always resumes: bytes waiting for the peer's credit do not count (reading is what
+        brings the credit), nor bytes the format holds until the peer ends a request
+        (Streamux: reading is what ends it; the format bounds them itself)."""
+        held = self._unread + (self._unsent_counted if self._write_paused else 0)
         self._held = held
         if held > self._hold_limit:
             if not self._read_block & _BUDGET:
                 self._block_reading(_BUDGET, True)
-            if self._holding and not self._dropping:
-                self._dropping = True
-                try:
-                    self._drop_holders()
-                finally:
-                    self._dropping = False
         elif self._read_block & _BUDGET and held <= self._hold_resume:
             self._block_reading(_BUDGET, False)
 
-    def _drop_holders(self) -> None:
-        """Over the budget while channels hold bytes the format keeps back (Streamux
-        responses waiting for their request's end): reading paused would never let the
-        requests end, so reset the largest of them until the session is within its budget."""
-        while self._held > self._hold_limit and self._holding:
-            holders = [ch for ch in self.channels.values() if ch.holding]
-            if not holders:  # pragma: no cover - _holding > 0 means a channel holds
-                return
-            channel = max(holders, key=lambda ch: ch.buffered)
-            problem = (
-                f"it held {channel.buffered} bytes back for the format, and the session holds more "
-                f"than max_session_memory={self.config.max_session_memory}"
-            )
-            self._engine_reset(channel, problem)
-            self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
-
     def _sent(self, n: int) -> None:
         self._unsent -= n
-        if self._held_writers and self._unsent <= self._unsent_resume:
+        if self._held_writers and self._unsent - self._holding <= self._unsent_resume:
             held, self._held_writers = self._held_writers, set()
             for channel in held:
                 channel.held = False
@@ -1127,29 +1139,107 @@ class SessionCore:
             timeout += self.config.keepalive_interval or 0.0
         return timeout
 
+    def _stall_timeout(self) -> float:
+        """How long the peer may take none of our bytes while our ping waits behind them
+        (``stall_timeout``; by default ``keepalive_timeout`` where the format has credit, and
+        :data:`STALL_TIMEOUT_WITHOUT_CREDIT` where stopping to read is its backpressure)."""
+        stall = self.config.stall_timeout
+        if stall is not None:
+            return stall
+        return self.config.keepalive_timeout if self._credit else STALL_TIMEOUT_WITHOUT_CREDIT
+
+    def _keepalive_ping(self, now: float, unsent: int) -> None:
+        try:
+            self._ka_opaque = self.ping(now, by_application=False)
+        except RuntimeError:  # every request id in flight (Streamux): try again later
+            self._ping_due = now + (self.config.keepalive_interval or 0.0)
+            return
+        self._ka_deadline = now + self._ka_timeout()
+        self._ka_offset = self._ka_taken_at = None
+        # Out at once if the socket takes bytes now (data_to_send confirms it).
+        self._ka_writable = not self._write_paused
+        self._ka_mark = self._bytes_out - unsent
+        self._ka_progress_at = now
+        self._ka_unread = bool(self._read_block)
+        self._ka_peer_pings = self.engine.peer_pings
+
+    def _heartbeat_period(self) -> float:
+        """While we do not read, a format without credit pings this often: the peer's
+        answers wait unread, but our pings tell the peer that we are alive and applying
+        backpressure (it counts them, as we count its own: :meth:`_check_keepalive`)."""
+        return min(self.config.keepalive_interval or 0.0, self.config.keepalive_timeout / 2)
+
+    def _heartbeat(self, now: float) -> None:
+        if not self._read_block or self.closing or not self._ready:
+            self._heartbeat_at = None
+            return
+        self.engine.now = now
+        try:
+            self.engine.ping()  # its answer is not awaited (nor read, for now)
+        except RuntimeError:  # every request id in flight (Streamux): the next one, then
+            pass
+        self._heartbeat_at = now + self._heartbeat_period()
+
     def _check_keepalive(self, now: float, unsent: int) -> None:
-        """The keepalive ping's deadline passed. Only an answer proves the peer alive (a
-        trickle of bytes does not). A busy peer's answer may sit behind what it sent before
-        it (full socket reads), and our ping behind what we send (our unsent bytes shrink as
-        the peer reads): wait longer then, but never past 4 x keepalive_timeout in all."""
+        """The keepalive ping's deadline passed. Liveness judges the peer only on what it
+        could have answered:
+
+        * while we do not read (our own limits: budget, a slow application), its answer may
+          sit unread in our socket: no verdict, and the clock starts again once we read;
+        * while our ping has not left our buffers (``unsent``: the socket's unsent bytes),
+          the peer has not had it: a peer that takes our bytes slowly is applying
+          backpressure, and only one that takes none for ``stall_timeout`` is stalled;
+        * once it has, an answer is due within the timeout. On formats without credit the
+          peer's own ping counts too (a polymux peer that applies backpressure by not
+          reading pings while it does not read). A busy peer (full socket reads: the
+          answer sits behind what it sends) gets more time, never past 4 x the timeout.
+        """
         timeout = self._ka_timeout()
-        self._ka_waited += timeout
-        if self._ka_waited < 4 * timeout:
-            busy = now - self._last_busy < timeout
-            if busy or unsent < self._ka_mark:
-                self._ka_deadline = now + timeout
-                self._ka_mark = unsent
+        if self._read_block or self._ka_unread:
+            self._ka_unread = bool(self._read_block)
+            self._ka_taken_at = None
+            self._ka_deadline = now + (timeout if self._credit else self._heartbeat_period())
+            return
+        taken = self._bytes_out - unsent
+        if self._ka_offset is None or taken < self._ka_offset:
+            self._ka_taken_at = None
+            if taken != self._ka_mark:
+                self._ka_mark, self._ka_progress_at = taken, now
+            stall = self._stall_timeout()
+            idle = now - self._ka_progress_at
+            if idle < stall:
+                self._ka_deadline = now + min(timeout, stall - idle)
                 return
+            self._keepalive_failed(
+                f"keepalive failed: the peer has taken none of our bytes (our ping among them) for "
+                f"{idle:.3g} s (stall_timeout={stall:g}): it stopped reading"
+            )
+            return
+        if self._ka_taken_at is None:
+            self._ka_taken_at = now  # out of our buffers since the last check at most
+            self._ka_deadline = now + timeout
+            return
+        waited = now - self._ka_taken_at
+        if not self._credit and self.engine.peer_pings != self._ka_peer_pings:
+            # The peer pinged us since: alive, and not reading for now (its answer waits).
+            self._pings.pop(self._ka_opaque or 0, None)
+            self._ka_opaque = None
+            self._ping_due = now + (self.config.keepalive_interval or 0.0)
+            return
+        if waited < 4 * timeout and now - self._last_busy < timeout:
+            self._ka_deadline = now + timeout
+            return
+        self._keepalive_failed(
+            f"keepalive failed: no answer to a ping within {waited:.3g} s "
+            f"(keepalive_timeout={self.config.keepalive_timeout:g})"
+        )
+
+    def _keepalive_failed(self, problem: str) -> None:
         # pragma below: handle_timer calls this only while a keepalive ping is out.
         if self._ka_opaque is not None:  # pragma: no branch
             self._pings.pop(self._ka_opaque, None)
         self._ka_opaque = None
-        self._fail(
-            SessionClosed(
-                f"{self.format}: keepalive failed: no answer to a ping within "
-                f"{self._ka_waited:g} s (keepalive_timeout={self.config.keepalive_timeout:g})"
-            )
-        )
+        self._fail(SessionClosed(f"{self.format}: {problem}"))
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -1218,11 +1308,12 @@ class SessionCore:
         channel.buf.clear()
         if channel.buffered:
             n, channel.buffered = channel.buffered, 0
-            self._sent(n)
             if channel.holding:
+                channel.holding = False
                 self._release(n, _HOLDING)
             else:
                 self._release(min(n, self._unsent_cap), _UNSENT)
+            self._sent(n)
 
     def _finish(
         self,
