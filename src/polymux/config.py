@@ -50,7 +50,11 @@ class SessionConfig:
     """The send scheduler writes at most this much to the socket per turn."""
 
     handshake_timeout: float = 10.0
-    """Seconds to wait for the peer's handshake (formats that have one)."""
+    """Seconds to wait for the peer's handshake (formats that have one). On a server's
+    connection it is also the deadline of the peer's first whole frame on formats without a
+    handshake (a channel the server opens first lifts it), of the TLS handshake and of the
+    WebSocket upgrade: a connection that says nothing is closed then. Clients never have a
+    first-frame deadline."""
 
     close_timeout: float = 10.0
     """Seconds ``Session.aclose()`` gives queued data and the peer's goodbye before it

@@ -278,3 +278,46 @@ async def test_a_streamux_response_ended_early_is_explained(procs: Procs) -> Non
     assert "the echo ended after 0 of 16777216 bytes (streamux has no way to report a failed request" in (
         client.stderr
     ), client.describe()
+
+
+async def test_serve_timeouts(procs: Procs) -> None:
+    """``serve --handshake-timeout``: a connection that sends nothing (mplex has no
+    handshake) is closed then; ``--idle-timeout``: a session left without channels is closed
+    then. Bad values are usage errors naming the option."""
+    _server, addr = await serve(
+        procs, "mplex", "--tcp", "127.0.0.1:0", "--handshake-timeout", "0.5", "--idle-timeout", "1"
+    )
+    host, port = addr.rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    silent_reader, silent_writer = await asyncio.open_connection(host, int(port))
+    start = loop.time()
+    async with asyncio.timeout(10):
+        with contextlib.suppress(ConnectionError):
+            assert await silent_reader.read() == b""
+    assert loop.time() - start < 3
+    silent_writer.close()
+    async with await polymux.connect(host, int(port), protocol="mplex") as session:
+        assert await session.request(b"hi") == b"hi"  # a whole frame: no first-frame deadline
+        start = loop.time()
+        async with asyncio.timeout(10):
+            await session.wait_closed()  # no channels left: idle_timeout
+        assert 0.5 < loop.time() - start < 4
+    for option, value, message in (
+        ("--idle-timeout", "0", "must be positive: '0' (or 'off')"),
+        ("--handshake-timeout", "off", "must be a number of seconds: 'off'"),
+        ("--keepalive-interval", "soon", "not a number of seconds: 'soon' (or 'off')"),
+    ):
+        bad = await procs.polymux("serve", "--protocol", "mplex", "--tcp", "127.0.0.1:0", option, value)
+        assert await bad.wait() == 2 and f"argument {option}: {message}" in bad.stderr, bad.describe()
+    off = await procs.polymux(
+        "serve",
+        "--protocol",
+        "yamux",
+        "--tcp",
+        "127.0.0.1:0",
+        "--idle-timeout",
+        "off",
+        "--keepalive-interval",
+        "off",
+    )
+    await off.line(r"polymux serve: echo yamux on tcp:")

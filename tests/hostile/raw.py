@@ -51,6 +51,7 @@ class ServerProcess:
         uvloop: bool = False,
         pythonpath: str | None = None,
         quiet: bool = False,
+        websocket: bool = False,
         **options: Any,
     ) -> None:
         self.spec = {
@@ -59,6 +60,7 @@ class ServerProcess:
             "options": options,
             "uvloop": uvloop,
             "lenient": pythonpath is not None,
+            "websocket": websocket,
         }
         self.pythonpath = pythonpath
         self.quiet = quiet  # the server's stderr dropped (benchmarks), else shown

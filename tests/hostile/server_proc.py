@@ -8,6 +8,7 @@ It prints ``PORT <n>`` once it listens, then one line per event:
 * ``CLOSED <seconds> <live> <exception>``: a session's connection is gone (seconds since
   the session began; live sessions left; why it ended, ``None`` for a clean end).
 
+``"websocket": true`` serves on WebSocket (``serve_websocket``) instead of plain TCP.
 It stops when its stdin closes. ``"lenient": true`` drops options the running
 polymux does not know (the benchmark runs it against older versions too). ``mode``: ``echo`` (every channel's bytes back),
 ``hold`` (channels are taken and never read), ``discard`` (read and drop).
@@ -60,7 +61,8 @@ async def main(spec: dict[str, Any]) -> None:
     if spec.get("lenient"):  # benchmarks against older versions: drop options they lack
         known = {f.name for f in dataclasses.fields(polymux.SessionConfig)}
         options = {k: v for k, v in options.items() if k in known}
-    server = await polymux.start_server(
+    serve = polymux.serve_websocket if spec.get("websocket") else polymux.start_server
+    server = await serve(
         handler,
         "127.0.0.1",
         0,

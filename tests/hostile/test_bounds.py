@@ -348,16 +348,28 @@ async def test_huge_names_are_refused(fmt: str) -> None:
 # -- 5. liveness: handshakes, idle sessions, frames that never end, silent cuts -------------
 
 
-@pytest.mark.parametrize("fmt", ("mstream-v1", "mstream-v2", "streamux"))
-async def test_server_drops_an_unfinished_handshake(fmt: str) -> None:
-    """A client that connects and never completes the handshake is dropped after the
-    server's ``handshake_timeout``, not held until ``idle_timeout``."""
+@pytest.mark.parametrize("sends", ("nothing", "one byte"))
+@pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
+async def test_server_drops_a_connection_that_sends_nothing(fmt: str, sends: str) -> None:
+    """A client that connects and never sends a whole frame (nothing at all, or the first
+    byte of one) is dropped after the server's ``handshake_timeout``, on every format:
+    formats with a handshake wait for it, the others for a first frame. Not held until
+    ``idle_timeout`` (300 s: mplex, omnistreams, mstream-v3 and smux held them that long)."""
     async with ServerProcess(fmt, "echo", handshake_timeout=0.5, idle_timeout=300) as server:
         peer = await RawPeer.connect(server.port, fmt)
         try:
             start = time.monotonic()
-            took = await peer.closed_by_server(timeout=5)
-            assert time.monotonic() - start < 3, took
+            if sends == "one byte":
+                if peer.engine.ready:
+                    peer.engine.open_channel("x")
+                await peer.send(peer.take()[:1])  # of the handshake, or of a first open
+            await peer.closed_by_server(timeout=5)
+            took = time.monotonic() - start
+            print(f"{fmt}, {sends}: dropped {took:.2f} s after connecting")
+            assert took < 3, took
+            if peer.engine.ready:  # the server reports sessions once their handshake is done
+                line = await server.next_line("CLOSED")
+                assert "not one whole frame from the peer within 0.5 s (handshake_timeout)" in line, line
         finally:
             peer.close()
 

@@ -29,12 +29,18 @@ def core(
     handler: bool = True,
     offer_filter: Callable[[str], bool] | None = None,
     now: float = 0.0,
+    first_frame_deadline: bool = False,
     **options: Any,
 ) -> SessionCore:
     """One core, its connection made at ``now``."""
     cfg = config(**options)
     c = SessionCore(
-        make_engine(fmt, cfg, is_client=client), cfg, now, offer_filter=offer_filter, has_handler=handler
+        make_engine(fmt, cfg, is_client=client),
+        cfg,
+        now,
+        offer_filter=offer_filter,
+        has_handler=handler,
+        first_frame_deadline=first_frame_deadline,
     )
     c.connection_made(now)
     return c

@@ -1,7 +1,8 @@
 """The session core's deadlines, driven with explicit times: keepalive (answered,
 unanswered, a busy peer's extension capped at 4 x keepalive_timeout, smux's unanswered
 ping), idle_timeout counting whole frames only, handshake_timeout, stream_open_timeout with
-max_unacked_opens, a closed channel's close deadline, and the timer heap's pruning."""
+max_unacked_opens, a closed channel's close deadline, the timer heap's pruning, and a
+server's first-frame deadline (handshake_timeout on formats without a handshake)."""
 
 from __future__ import annotations
 
@@ -234,6 +235,78 @@ def test_a_handshake_in_time_clears_its_deadline() -> None:
     a, b = core("streamux", handshake_timeout=10.0), core("streamux", client=False, handshake_timeout=10.0)
     pump(a, b, 3.0)
     assert of(a.events(), ce.Ready) and a.next_deadline() is None
+
+
+# -- a server's first frame (handshake_timeout, formats without a handshake) --------------------
+
+NO_HANDSHAKE = ["mstream-v3", "mplex", "yamux", "omnistreams", "omnistreams-legacy", "smux", "smux-v2"]
+
+
+@pytest.mark.parametrize("fmt", NO_HANDSHAKE)
+def test_a_server_drops_a_peer_that_sends_nothing_within_handshake_timeout(fmt: str) -> None:
+    """On a server's accepted connection (first_frame_deadline), a format without a handshake
+    still has a deadline: the peer's first whole frame within handshake_timeout."""
+    a = core(fmt, client=False, first_frame_deadline=True, handshake_timeout=10.0, now=100.0)
+    drain(a)  # our own first ping (yamux, smux) is no word from the peer
+    a.events()
+    assert a.peer_silent and a.next_deadline() == 110.0
+    a.handle_timer(109.0)
+    assert not a.events()
+    a.handle_timer(110.0)
+    error = one(a.events(), ce.Failed).error
+    assert isinstance(error, SessionClosed)
+    assert "not one whole frame from the peer within 10 s (handshake_timeout)" in str(error)
+
+
+@pytest.mark.parametrize("fmt", NO_HANDSHAKE)
+def test_a_first_frame_in_time_lifts_the_deadline(fmt: str) -> None:
+    """The client's first open (a whole frame) arrives a few seconds in: no deadline any
+    more, and the peer is no longer silent (a full server would not shed it)."""
+    a = core(fmt, client=True, handshake_timeout=10.0)
+    b = core(fmt, client=False, first_frame_deadline=True, handshake_timeout=10.0)
+    drain(b)
+    assert a.next_deadline() is None  # clients have no first-frame deadline
+    a.open_channel("x")
+    pump(a, b, 9.0)
+    assert of(b.events(), ce.Incoming)
+    assert not b.peer_silent and b.next_deadline() is None
+    b.handle_timer(10.0)
+    assert not b.failed
+
+
+def test_bytes_of_a_frame_that_never_ends_are_not_a_first_frame() -> None:
+    """A peer that dribbles part of a frame has still sent no frame: the deadline holds."""
+    a = core("mplex", client=True)
+    b = core("mplex", client=False, first_frame_deadline=True, handshake_timeout=10.0)
+    a.open_channel("x")
+    frame = drain(a)
+    b.receive_data(frame[:-1], 5.0)
+    assert b.peer_silent and b.next_deadline() == 10.0
+    b.handle_timer(10.0)
+    assert one(b.events(), ce.Failed)
+
+
+def test_a_channel_we_open_lifts_the_first_frame_deadline() -> None:
+    """The server's application opens a channel to the peer (server push): the peer may only
+    listen (an mplex reader sends nothing), so the deadline is lifted."""
+    b = core("mplex", client=False, first_frame_deadline=True, handshake_timeout=10.0)
+    b.open_channel("push")
+    assert b.next_deadline() is None and b.peer_silent
+    b.handle_timer(10.0)
+    assert not b.failed
+
+
+def test_a_handshake_format_keeps_its_handshake_deadline_and_hears_the_handshake() -> None:
+    """Formats with a handshake: the deadline is the handshake's (its message says so), and
+    the peer's handshake is its first frame."""
+    b = core("streamux", client=False, first_frame_deadline=True, handshake_timeout=10.0)
+    assert b.peer_silent and b.next_deadline() == 10.0
+    b.handle_timer(10.0)
+    assert "no handshake from the peer" in str(one(b.events(), ce.Failed).error)
+    a = core("streamux", client=True, handshake_timeout=10.0)
+    c = core("streamux", client=False, first_frame_deadline=True, handshake_timeout=10.0)
+    pump(a, c, 1.0)
+    assert not c.peer_silent and c.next_deadline() is None
 
 
 # -- stream_open_timeout and max_unacked_opens ---------------------------------------------------

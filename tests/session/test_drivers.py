@@ -308,3 +308,17 @@ async def test_many_writers_waiting_for_credit_do_not_stall_the_session(driver: 
 
         async with asyncio.timeout(40):
             await asyncio.gather(*(sink() for _ in range(256)), *(one(i) for i in range(256)))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_server_session_whose_peer_sends_nothing_ends_at_handshake_timeout(driver: str) -> None:
+    """A server's session (is_client=False) of a format without a handshake whose peer says
+    nothing ends at handshake_timeout (its first-frame deadline), in both drivers; the
+    client's side, silent too, has no such deadline of its own."""
+    async with pair(driver, "mplex", server_options={"handshake_timeout": 0.3}) as (client, server):
+        async with asyncio.timeout(10):
+            await server.closed()
+        assert "not one whole frame from the peer within 0.3 s (handshake_timeout)" in str(server.error)
+        async with asyncio.timeout(10):
+            await client.closed()  # the server's close reaches the client: its own end
+        assert "handshake_timeout" not in str(client.error)

@@ -114,14 +114,27 @@ async def over(
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
+    first_frame_deadline: bool | None = None,
     **options: Any,
 ) -> Session:
     """Run a session over an existing ``(reader, writer)`` pair, e.g. a subprocess's
     stdout and stdin (``asyncio.create_subprocess_exec``) or a connection opened by other
-    code. ``is_client`` picks the id side for formats where it matters."""
+    code. ``is_client`` picks the id side for formats where it matters.
+
+    With ``is_client=False`` the peer must send a whole frame (or complete its handshake)
+    within ``handshake_timeout``, as on a server's connections, unless a channel is opened
+    to it first; ``first_frame_deadline=False`` waits for it as long as ``idle_timeout``
+    allows (a trusted peer that may stay silent)."""
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
-    mux = MuxProtocol(protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
+    mux = MuxProtocol(
+        protocol,
+        cfg,
+        is_client=is_client,
+        handler=handler,
+        offer_filter=offer_filter,
+        first_frame_deadline=first_frame_deadline,
+    )
     transport = _StreamPairTransport(reader, writer, mux)
     mux.connection_made(transport)
     transport._start()

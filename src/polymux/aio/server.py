@@ -9,7 +9,7 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, cast
+from typing import Any, Protocol, Self, cast
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
@@ -34,10 +34,100 @@ class _Refused(asyncio.Protocol):
         cast(asyncio.Transport, transport).abort()
 
 
+class _Held(Protocol):
+    """A connection a :class:`Server` holds: a session's :class:`MuxProtocol`, or a
+    WebSocket connection (its upgrade, then its session)."""
+
+    @property
+    def session(self) -> Session | None:
+        """Its session (a WebSocket has none before its upgrade)."""
+
+    @property
+    def peer_silent(self) -> bool:
+        """Whether the peer has sent nothing yet (no whole frame, no completed handshake)."""
+
+    def abort(self) -> None:
+        """Close the connection at once."""
+
+
+_TLS_GRACE = 1.0
+"""Seconds past ``handshake_timeout`` after which a connection accepted but never made (a
+TLS handshake the loop gave up on, where polymux does not run it: ``serve_websocket(ssl=)``)
+stops counting."""
+
+
+class _TLSGate(asyncio.Protocol):
+    """A TLS server's connection until its TLS handshake is done (``start_server(ssl=)``):
+    the server runs the handshake itself (``loop.start_tls``) rather than asking the loop to,
+    so the connection is held, counted and can be shed from its accept, and a handshake that
+    fails or times out gives its slot back at once. Then its session takes the TLS transport."""
+
+    def __init__(self, server: Server, mux: MuxProtocol, ssl: Any) -> None:
+        self.server = server
+        self.mux = mux
+        self.ssl = ssl
+        self.raw: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def session(self) -> Session:
+        """Its session."""
+        return self.mux.session
+
+    @property
+    def peer_silent(self) -> bool:
+        """No TLS handshake yet, or its session has heard no whole frame."""
+        return self.mux.peer_silent
+
+    def abort(self) -> None:
+        """Close the connection at once (the TLS transport above goes with it)."""
+        if self.raw is not None:
+            self.raw.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = raw = cast(asyncio.Transport, transport)
+        raw.pause_reading()  # the TLS protocol reads, once start_tls has put it in place
+        self.server._connected(self)
+        self.task = asyncio.get_running_loop().create_task(self._handshake(raw))
+        self.server._tasks.add(self.task)
+        self.task.add_done_callback(self.server._tasks.discard)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        return  # during the handshake: start_tls fails, and _handshake gives the slot back
+
+    async def _handshake(self, raw: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(
+                raw,
+                self.mux,
+                self.ssl,
+                server_side=True,
+                ssl_handshake_timeout=self.server._handshake_timeout,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failed handshake: the connection is over
+            logger.debug("polymux server: TLS handshake failed: %r", exc)
+            raw.abort()
+            self.server._release(self)
+            return
+        if tls is None:  # pragma: no cover - the loop gave no transport (cancelled meanwhile)
+            raw.abort()
+            self.server._release(self)
+            return
+        self.mux.closed.add_done_callback(lambda _f: self.server._release(self))
+        self.mux.connection_made(tls)
+
+
 class Server:
     """A listening server whose connections are polymux sessions.
 
     ``async with`` closes it (and its sessions) on exit; ``sessions`` are the live ones.
+
+    Connections are counted from the moment they are accepted (before any byte is read, a
+    TLS or WebSocket handshake included), so a burst of connects cannot hold more than
+    ``max_connections``. When it is reached, the oldest connection whose peer has sent
+    nothing yet (no whole frame, no completed handshake) is closed to make room; only when
+    there is none is the new connection dropped.
     """
 
     def __init__(
@@ -45,23 +135,43 @@ class Server:
         factory: Callable[[], MuxProtocol],
         session_handler: SessionHandler | None,
         max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+        handshake_timeout: float = 10.0,
     ) -> None:
         if max_connections is not None and (not isinstance(max_connections, int) or max_connections <= 0):
             raise ValueError(f"max_connections must be a positive int or None, got {max_connections!r}")
         self._factory = factory
         self._session_handler = session_handler
         self.max_connections = max_connections
-        """Connections held at once (once connected: TLS handshakes in progress are bounded
-        by asyncio's ``ssl_handshake_timeout``); more are dropped as they come."""
+        """Connections held at once, counted from their accept; when it is reached, one
+        whose peer has sent nothing yet is closed to make room, or else the new one is
+        dropped."""
+        self._handshake_timeout = handshake_timeout
+        self._ssl: Any = None  # start_server(ssl=) on asyncio's loop: TLS runs in _TLSGate
         self._refused = 0
+        self._shed = 0
         self._server: asyncio.Server | None = None
         self.sessions: set[Session] = set()
         """Sessions currently connected."""
         self._tasks: set[asyncio.Task[None]] = set()
+        # What counts towards max_connections: accepted and not yet connected (a TLS
+        # handshake under way: since when), and connected. _quiet: the connected ones
+        # whose peer had sent nothing when last looked at, oldest first (checked lazily).
+        self._pending: dict[_Held, float] = {}
+        self._live: set[_Held] = set()
+        self._quiet: dict[_Held, None] = {}
 
-    def _make(self) -> asyncio.Protocol:
+    @property
+    def connections(self) -> int:
+        """Connections held now (what ``max_connections`` bounds), handshakes under way
+        included."""
+        return len(self._pending) + len(self._live)
+
+    # -- counting connections (at accept) ------------------------------------------------------
+
+    def _admit(self) -> bool:
+        """A connection was just accepted: may it be held? (It then counts as pending.)"""
         limit = self.max_connections
-        if limit is not None and len(self.sessions) >= limit:
+        if limit is not None and self.connections >= limit and not self._make_room():
             self._refused += 1
             if self._refused & (self._refused - 1) == 0:  # 1st, 2nd, 4th, 8th ...: not a log flood
                 logger.warning(
@@ -69,16 +179,94 @@ class Server:
                     limit,
                     self._refused,
                 )
+            return False
+        return True
+
+    def _make_room(self) -> bool:
+        """Free one slot, if one may be: a connection that never got made, or else the
+        oldest one whose peer has sent nothing. Amortised O(1): each entry is looked at
+        once."""
+        now = asyncio.get_running_loop().time()
+        pending = self._pending
+        if pending:
+            held, since = next(iter(pending.items()))
+            if now - since > self._handshake_timeout + _TLS_GRACE:
+                del pending[held]  # its (TLS) handshake was given up long ago
+                return True
+        quiet = self._quiet
+        while quiet:
+            held = next(iter(quiet))
+            del quiet[held]
+            if held.peer_silent and held in self._live:
+                self._live.discard(held)
+                if held.session is not None:
+                    self.sessions.discard(held.session)  # gone now, not at its connection_lost
+                held.abort()
+                self._shed += 1
+                if self._shed & (self._shed - 1) == 0:
+                    logger.warning(
+                        "polymux server: max_connections=%s reached; %d connection(s) that had sent "
+                        "nothing closed to make room so far",
+                        self.max_connections,
+                        self._shed,
+                    )
+                return True
+        return False
+
+    def _hold(self, held: _Held) -> None:
+        """Count ``held`` from now (accepted, not connected yet)."""
+        self._pending[held] = asyncio.get_running_loop().time()
+
+    def _connected(self, held: _Held) -> None:
+        """``held``'s connection is made (its TLS handshake, if any, is done)."""
+        if self._pending.pop(held, None) is None:
+            # Counted out as a handshake given up, yet it completed: count it again if it fits.
+            limit = self.max_connections
+            if limit is not None and self.connections >= limit and not self._make_room():
+                held.abort()
+                return
+        self._live.add(held)
+        if held.peer_silent:
+            self._quiet[held] = None
+
+    def _release(self, held: _Held) -> None:
+        """``held``'s connection is gone."""
+        self._pending.pop(held, None)
+        self._live.discard(held)
+        self._quiet.pop(held, None)
+
+    def _make(self) -> asyncio.Protocol:
+        """The protocol factory: count the connection at once (a burst of accepts runs every
+        factory before any connection_made)."""
+        if not self._admit():
             return _Refused()
         mux = self._factory()
+        if self._ssl is not None:
+            gate = _TLSGate(self, mux, self._ssl)
+            self._hold(gate)
+            mux.on_connection_made = lambda: self._attach(mux)
+            return gate
+        self._hold(mux)
+
+        def made() -> None:
+            self._connected(mux)
+            self._attach(mux)
+
+        # The session counts as connected from connection_made, which a failed TLS
+        # handshake never reaches (and then no connection_lost follows: _make_room ends
+        # its count once asyncio has given up on it).
+        mux.on_connection_made = made
+        mux.closed.add_done_callback(lambda _f: self._release(mux))
+        return mux
+
+    def _attach(self, mux: MuxProtocol) -> None:
+        """``mux``'s session is connected: one of ``sessions`` until it closes; the session
+        handler runs once its handshake is done."""
         session = mux.session
-        # Counted from connection_made, which a failed TLS handshake never reaches (and
-        # then no connection_lost follows: a session added now would stay forever).
-        mux.on_connection_made = lambda: self.sessions.add(session)
+        self.sessions.add(session)
         mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
         if self._session_handler is not None:
             mux.ready.add_done_callback(lambda f: self._run_handler(session, f))
-        return mux
 
     def _run_handler(self, session: Session, ready: asyncio.Future[None]) -> None:
         if ready.cancelled() or ready.exception() is not None or self._session_handler is None:
@@ -100,11 +288,14 @@ class Server:
         return int(self.sockets[0].getsockname()[1])
 
     def close(self) -> None:
-        """Stop listening and abort every live session."""
+        """Stop listening and abort every live session (and connection still in its
+        handshake)."""
         if self._server is not None:
             self._server.close()
         for session in list(self.sessions):
             session.abort()
+        for held in list(self._live):
+            held.abort()
 
     async def aclose(self) -> None:
         """Stop listening, close every session gracefully, and wait."""
@@ -147,7 +338,7 @@ def _server(
     def make() -> MuxProtocol:
         return MuxProtocol(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    return Server(make, session_handler, max_connections)
+    return Server(make, session_handler, max_connections, cfg.handshake_timeout)
 
 
 async def start_server(
@@ -167,11 +358,29 @@ async def start_server(
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
     runs once per session when its handshake is done. ``options`` are
     :class:`SessionConfig` fields. At most ``max_connections`` connections are held at
-    once (``None``: no limit); further ones are dropped as they arrive."""
+    once, counted from their accept (``None``: no limit); when it is reached, the oldest
+    one whose peer has sent nothing yet is closed to make room, or else the new one is
+    dropped. A peer must send its handshake, or on formats without one a whole frame,
+    within ``handshake_timeout`` (which bounds the TLS handshake too), unless a channel is
+    opened to it first."""
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
-    server._server = await loop.create_server(server._make, host, port, ssl=ssl)
+    server._server = await loop.create_server(server._make, host, port, **_tls(server, ssl, loop))
     return server
+
+
+def _tls(server: Server, ssl: Any, loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    """How a TLS server runs its handshakes. On asyncio's own loops, in :class:`_TLSGate`
+    (counted and sheddable from the accept). Other loops (uvloop) read a connection's first
+    bytes before its protocol can pause it, which the gate cannot hand to the TLS layer:
+    there the loop runs the handshake, within ``handshake_timeout`` too, and the connection
+    counts from its accept (until the loop gives up on it) but cannot be shed meanwhile."""
+    if ssl is None:
+        return {}
+    if isinstance(loop, asyncio.BaseEventLoop):
+        server._ssl = ssl
+        return {}
+    return {"ssl": ssl, "ssl_handshake_timeout": server._handshake_timeout}
 
 
 async def start_unix_server(
@@ -196,8 +405,9 @@ async def start_unix_server(
     server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
+    tls = _tls(server, ssl, loop)
     if mode is None:
-        server._server = await loop.create_unix_server(server._make, name, ssl=ssl)
+        server._server = await loop.create_unix_server(server._make, name, **tls)
         return server
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(name).st_mode):
@@ -208,7 +418,7 @@ async def start_unix_server(
         sock.bind(name)
         bound = True
         os.chmod(name, mode)
-        server._server = await loop.create_unix_server(server._make, sock=sock, ssl=ssl)
+        server._server = await loop.create_unix_server(server._make, sock=sock, **tls)
     except BaseException:
         sock.close()
         if bound:

@@ -110,13 +110,19 @@ class MuxProtocol(asyncio.Protocol):
         handler: ChannelHandler | None = None,
         offer_filter: OfferFilter | None = None,
         engine: Engine | None = None,
+        first_frame_deadline: bool | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.config = config = config or SessionConfig()
         self.engine = engine or make_engine(protocol, config, is_client=is_client)
         self.is_client = is_client
         self.core = SessionCore(
-            self.engine, config, _clock(), offer_filter=offer_filter, has_handler=handler is not None
+            self.engine,
+            config,
+            _clock(),
+            offer_filter=offer_filter,
+            has_handler=handler is not None,
+            first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
         )
         self._handler = handler
         check_handler(self.engine.format, self.engine.one_way, handler)
@@ -152,6 +158,11 @@ class MuxProtocol(asyncio.Protocol):
         (a TLS handshake that fails never makes it, nor ends it)."""
 
     # Views of the core's state (for tests and tools).
+
+    @property
+    def peer_silent(self) -> bool:
+        """Whether the peer has sent no whole frame yet (see ``SessionCore.peer_silent``)."""
+        return self.core.peer_silent
 
     @property
     def _peer_goaway(self) -> str | None:
@@ -410,7 +421,10 @@ class MuxProtocol(asyncio.Protocol):
             self._on_failed(event.error)
 
     def _on_failed(self, error: BaseException) -> None:
-        if isinstance(error, SessionClosed) and "idle_timeout" in str(error):
+        if isinstance(error, SessionClosed) and (
+            "idle_timeout" in str(error) or (not self.is_client and "handshake_timeout" in str(error))
+        ):
+            # A server drops these as a matter of course (scanners, floods): not a warning each.
             logger.info("%s", error)
         else:
             logger.warning("%s", error)

@@ -15,12 +15,25 @@ to the ``asyncio.Transport`` that :class:`~polymux.aio.session.MuxProtocol` driv
 * reading: one task receives messages and feeds them to the session; ``pause_reading``
   stops receiving (websockets' own ``max_queue`` then stops the socket);
 * a text message is a protocol error; the WebSocket's close is the session's end.
+
+The websockets connections themselves are polymux's subclasses, each with a
+:class:`_Guard`, for the WebSocket-level bounds of SECURITY.md: a WebSocket protocol
+violation (an unmasked client frame, a frame announcing more than ``max_size``, a bad close
+code, a text frame ...), the end of the closing handshake (both close frames exchanged) and
+a failed session end the connection at once, instead of at the library's next keepalive
+ping (~20 s later) or after ``close_timeout``; a peer that does not answer our graceful
+close frame is cut at ``close_timeout``; a connection stops reading while more than
+:data:`UNSENT_LIMIT` bytes the library wrote on its own (pongs) wait for a peer that does
+not read. ``handshake_timeout`` bounds the opening handshake (the HTTP upgrade), and a
+server counts a connection against ``max_connections`` from its accept, its upgrade
+included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
@@ -37,7 +50,10 @@ from polymux.wire import omnistreams as omni_wire
 
 
 if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
     from websockets.asyncio.connection import Connection
+    from websockets.asyncio.server import ServerConnection
+    from websockets.protocol import Event
 
 
 __all__ = ["connect_websocket", "serve_websocket"]
@@ -72,9 +88,237 @@ def _make_mux(
 
 def _ws_defaults(cfg: SessionConfig, ws_options: dict[str, Any]) -> dict[str, Any]:
     opts = dict(ws_options)
+    if "create_connection" in opts:
+        raise TypeError("create_connection: polymux's WebSocket sessions use their own connection class")
     opts.setdefault("compression", None)  # mux payloads are often incompressible; keep it cheap
     opts.setdefault("max_size", cfg.max_message_size or omni_wire.MAX_MESSAGE_SIZE)
+    # The session's timeouts bound the WebSocket's own handshakes (the library's defaults
+    # would hold whatever the session says).
+    opts.setdefault("open_timeout", cfg.handshake_timeout)
+    opts.setdefault("close_timeout", cfg.close_timeout)
     return opts
+
+
+UNSENT_LIMIT = 4 * 1024 * 1024
+"""Bytes written to a WebSocket's socket and not taken by it past which the connection stops
+reading: the websockets library answers every ping with a pong of the same size on its own,
+so a peer that floods pings and never reads would grow our buffer without bound. A polymux
+session never gets near it (it writes one message at a time and waits for the socket)."""
+
+# Why a guarded connection stopped reading (bits of _Guard.blocked).
+_QUEUE = 1
+"""The library's queue of received messages is full (``max_queue``)."""
+_UNSENT = 2
+"""More than UNSENT_LIMIT bytes wait for a peer that does not read."""
+
+
+class _Guard:
+    """The WebSocket-level bounds of one websockets connection (client or server side),
+    called from the connection subclasses of :func:`_client_class` and :func:`_server_class`."""
+
+    __slots__ = ("blocked", "conn", "fragments", "on_text", "timer")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.blocked = 0
+        self.fragments = 0  # frames of the message being received
+        self.timer: asyncio.TimerHandle | None = None
+        self.on_text: Callable[[], None] | None = None
+        """Called when a text message arrives (the session's protocol error)."""
+
+    def made(self) -> None:
+        """The connection is made: reading pauses for the library's queue or for unsent
+        replies, and resumes only when neither holds it."""
+        assembler = self.conn.recv_messages
+        assembler.pause = functools.partial(self.block, _QUEUE, True)
+        assembler.resume = functools.partial(self.block, _QUEUE, False)
+
+    def block(self, reason: int, on: bool) -> None:
+        before = self.blocked
+        after = before | reason if on else before & ~reason
+        if after == before:
+            return
+        self.blocked = after
+        transport = self.conn.transport
+        if transport.is_closing():
+            return
+        if after and not before:
+            transport.pause_reading()
+        elif before and not after:
+            transport.resume_reading()
+
+    def event(self, event: object) -> bool:
+        """A received event, before the library takes it. A text frame (polymux carries
+        binary messages only), or a message in more than websockets' ``MAX_FRAGMENTS``
+        frames, ends the connection at once (the library would find them in ``recv()`` and
+        then wait close_timeout for the peer). Returns True when the event is dealt with."""
+        from websockets.asyncio.messages import MAX_FRAGMENTS
+        from websockets.frames import CloseCode, Frame, Opcode
+
+        if not isinstance(event, Frame):
+            return False
+        opcode = event.opcode
+        if opcode is Opcode.CONT:
+            self.fragments += 1
+            if self.fragments > MAX_FRAGMENTS:
+                self.refuse(CloseCode.MESSAGE_TOO_BIG, f"more than {MAX_FRAGMENTS} fragments")
+                return True
+        elif opcode is Opcode.BINARY:
+            self.fragments = 1
+        elif opcode is Opcode.TEXT:
+            if self.on_text is not None:
+                self.on_text()
+            self.refuse(CloseCode.UNSUPPORTED_DATA, "polymux takes binary messages only")
+            return True
+        return False
+
+    def refuse(self, code: int, reason: str) -> None:
+        """Fail the WebSocket (a close frame with ``code``) and end the connection now."""
+        from websockets.protocol import State
+
+        conn = self.conn
+        if conn.protocol.state is State.OPEN:
+            conn.protocol.fail(code, reason)
+            conn.send_data()
+        self.end()
+
+    def end(self) -> None:
+        """Close the connection now: what we wrote goes if the socket takes it at once."""
+        transport = self.conn.transport
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()  # a peer that does not read gets no more time
+        else:
+            transport.close()
+
+    def received(self) -> None:
+        """After the library took received bytes: end the connection at once when the peer
+        broke the WebSocket protocol, or when the closing handshake is over on our side."""
+        from websockets.protocol import State
+
+        conn = self.conn
+        transport = conn.transport
+        if transport.is_closing():
+            return
+        protocol = conn.protocol
+        if protocol.state is State.CLOSING:
+            if protocol.parser_exc is not None or (
+                protocol.close_rcvd is not None and protocol.close_sent is not None
+            ):
+                # A violation (the close frame naming it is written), or both close frames
+                # exchanged: nothing more to say or to hear. Not waiting for the peer's TCP
+                # close, which the library does until its next keepalive ping.
+                self.end()
+            elif self.timer is None and conn.close_timeout is not None:
+                # Our close frame awaits the peer's: at most close_timeout.
+                self.timer = conn.loop.call_later(conn.close_timeout, transport.abort)
+        elif transport.get_write_buffer_size() > UNSENT_LIMIT:
+            self.block(_UNSENT, True)
+
+    def writable(self) -> None:
+        """The socket took our bytes down to its low-water mark."""
+        self.block(_UNSENT, False)
+
+    def lost(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+@functools.cache
+def _client_class() -> type[ClientConnection]:
+    """websockets' client connection, with :class:`_Guard`'s bounds."""
+    from websockets.asyncio.client import ClientConnection
+
+    class GuardedClientConnection(ClientConnection):
+        """A client WebSocket connection with polymux's WebSocket-level bounds."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.guard = _Guard(self)
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self.guard.made()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self.guard.received()
+
+        def process_event(self, event: Event) -> None:
+            if not self.guard.event(event):
+                super().process_event(event)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self.guard.writable()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self.guard.lost()
+
+    return GuardedClientConnection
+
+
+def _server_class(server: Server) -> type[ServerConnection]:
+    """websockets' server connection, with :class:`_Guard`'s bounds, counted by ``server``
+    from its accept (``polymux.aio.server._Held``: silent until its session has heard
+    a whole frame)."""
+    from websockets.asyncio.server import ServerConnection
+
+    class AcceptedConnection(ServerConnection):
+        """A server WebSocket connection with polymux's WebSocket-level bounds, counted
+        against ``max_connections`` from its accept."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.guard = _Guard(self)
+            self.mux: MuxProtocol | None = None
+            self.admitted = server._admit()
+            if self.admitted:
+                server._hold(self)
+
+        @property
+        def session(self) -> Session | None:
+            """The session, once upgraded."""
+            return None if self.mux is None else self.mux.session
+
+        @property
+        def peer_silent(self) -> bool:
+            """No upgrade yet, or its session has heard no whole frame."""
+            return self.mux is None or self.mux.peer_silent
+
+        def abort(self) -> None:
+            """Close the connection at once."""
+            self.transport.abort()
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self.guard.made()
+            if not self.admitted:
+                cast(asyncio.Transport, transport).abort()  # beyond max_connections
+                return
+            server._connected(self)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self.guard.received()
+
+        def process_event(self, event: Event) -> None:
+            if not self.guard.event(event):
+                super().process_event(event)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self.guard.writable()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self.guard.lost()
+            server._release(self)
+
+    return AcceptedConnection
 
 
 class _WebSocketTransport(asyncio.Transport):
@@ -97,6 +341,13 @@ class _WebSocketTransport(asyncio.Transport):
         self._closing = False
         self._lost = False
         self._tasks: list[asyncio.Task[None]] = []
+        guard = getattr(ws, "guard", None)
+        self._guard = guard if isinstance(guard, _Guard) else None
+        if self._guard is not None:
+            self._guard.on_text = self._text_received
+
+    def _text_received(self) -> None:
+        self._mux.fail(ProtocolError(self._mux.engine.format, "received a text WebSocket message"))
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -112,7 +363,7 @@ class _WebSocketTransport(asyncio.Transport):
             while True:
                 await self._reading.wait()
                 message = await self._ws.recv()
-                if isinstance(message, str):
+                if isinstance(message, str):  # a connection without polymux's guard
                     error = ProtocolError(self._mux.engine.format, "received a text WebSocket message")
                     self._mux.fail(error)
                     break
@@ -203,11 +454,38 @@ class _WebSocketTransport(asyncio.Transport):
         return self._closing
 
     def close(self) -> None:
-        """Send what is queued, then close the WebSocket (the session ends when it is closed)."""
+        """Send what is queued, then close the WebSocket (the session ends when it is closed).
+        A session that failed does not wait for the peer's closing handshake: see
+        :meth:`_end_now`."""
         if self._closing:
             return
         self._closing = True
+        if self._mux.core.failed and self._guard is not None:
+            self._end_now(self._guard)
+            return
         self._wakeup.set()
+
+    def _end_now(self, guard: _Guard) -> None:
+        """The session failed (a violation, handshake_timeout, keepalive, send_timeout):
+        its last words and a close frame naming the error go if the socket takes them at
+        once, and the connection ends now, as on any other transport (a peer that stays
+        silent must not hold it for close_timeout more)."""
+        from websockets.protocol import State
+
+        ws = self._ws
+        protocol = ws.protocol
+        if protocol.state is State.OPEN:
+            error = self._mux.core.error
+            code = 1002 if isinstance(error, ProtocolError) else 1008  # protocol error / policy
+            reason = str(error).encode()[:120].decode("utf-8", "ignore")  # a close frame: <= 125 bytes
+            with contextlib.suppress(Exception):
+                for message in self._queue:
+                    protocol.send_binary(message)
+                self._queue.clear()
+                self._queued = 0
+                protocol.fail(code, reason)
+                ws.send_data()
+        guard.end()
 
     def abort(self) -> None:
         self._closing = True
@@ -243,7 +521,7 @@ async def connect_websocket(
     check_handler(protocol, formats.get(protocol).caps.one_way, handler)
     session_opts, ws_opts = _split(options)
     cfg = SessionConfig.from_options(config, **session_opts)
-    ws = await ws_connect(uri, **_ws_defaults(cfg, ws_opts))
+    ws = await ws_connect(uri, create_connection=_client_class(), **_ws_defaults(cfg, ws_opts))
     mux = _make_mux(protocol, cfg, is_client=True, handler=handler, offer_filter=offer_filter)
     transport = _WebSocketTransport(ws, mux)
     mux.connection_made(transport)
@@ -267,7 +545,12 @@ async def serve_websocket(
     run ``handler(reader, writer)`` (see :func:`polymux.start_server`). ``options`` are
     :class:`~polymux.SessionConfig` fields or keyword arguments of
     ``websockets.asyncio.server.serve`` (``ssl=``, ``process_request=`` ...). Any path is
-    accepted (the npm package connects to ``/omnistreams``)."""
+    accepted (the npm package connects to ``/omnistreams``).
+
+    ``max_connections`` counts connections from their accept, before the HTTP upgrade; the
+    upgrade must complete within ``handshake_timeout`` (websockets' ``open_timeout``), then
+    the session's first frame is due within ``handshake_timeout`` too (see
+    :func:`polymux.start_server`)."""
     from websockets.asyncio.server import serve as ws_serve
 
     check_protocol(protocol)
@@ -278,18 +561,21 @@ async def serve_websocket(
     def make() -> MuxProtocol:
         return _make_mux(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    server = Server(make, session_handler, max_connections)
+    server = Server(make, session_handler, max_connections, cfg.handshake_timeout)
+    connection_class = _server_class(server)
 
-    async def on_connection(ws: Connection) -> None:
-        mux = server._make()
-        if not isinstance(mux, MuxProtocol):  # max_connections reached
-            await ws.close(1013, "polymux: too many connections")
-            return
+    async def on_connection(ws: ServerConnection) -> None:
+        accepted = cast(Any, ws)  # an AcceptedConnection (connection_class)
+        mux = make()
+        accepted.mux = mux
+        server._attach(mux)
         transport = _WebSocketTransport(ws, mux)
         mux.connection_made(transport)
         transport._start()
         await asyncio.shield(mux.closed)
 
-    ws_server = await ws_serve(on_connection, host, port, **_ws_defaults(cfg, ws_opts))
+    ws_server = await ws_serve(
+        on_connection, host, port, create_connection=connection_class, **_ws_defaults(cfg, ws_opts)
+    )
     server._server = cast(asyncio.Server, ws_server)
     return server

@@ -279,11 +279,18 @@ class AnyioSession:
         *,
         is_client: bool = True,
         offer_filter: Callable[[str], bool] | None = None,
+        first_frame_deadline: bool | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.is_client = is_client
-        self.core = SessionCore(engine, config, _clock(), offer_filter=offer_filter)
+        self.core = SessionCore(
+            engine,
+            config,
+            _clock(),
+            offer_filter=offer_filter,
+            first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+        )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
         self._offers: dict[int, anyio.Event] = {}
@@ -690,6 +697,7 @@ async def session(
     is_client: bool = True,
     config: SessionConfig | None = None,
     offer_filter: Callable[[str], bool] | None = None,
+    first_frame_deadline: bool | None = None,
     **options: Any,
 ) -> AsyncIterator[AnyioSession]:
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
@@ -699,11 +707,23 @@ async def session(
     ``offer_filter(name) -> bool`` accepts or refuses the peer's offers. ``options`` are
     :class:`~polymux.SessionConfig` fields (the same limits, budgets and timeouts as the
     asyncio API: both drive one :class:`~polymux.session.SessionCore`).
+
+    With ``is_client=False`` (a server's accepted stream) the peer must send a whole frame,
+    or complete its handshake, within ``handshake_timeout``, as on polymux's own servers,
+    unless a channel is opened to it first; ``first_frame_deadline=False`` lifts that for a
+    trusted peer that may stay silent longer.
     """
     check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
     engine = make_engine(protocol, cfg, is_client=is_client)
-    s = AnyioSession(stream, engine, cfg, is_client=is_client, offer_filter=offer_filter)
+    s = AnyioSession(
+        stream,
+        engine,
+        cfg,
+        is_client=is_client,
+        offer_filter=offer_filter,
+        first_frame_deadline=first_frame_deadline,
+    )
     if cfg.capture is not None:
         s._start_capture()
     try:

@@ -39,6 +39,8 @@ __all__ = [
     "parse_size",
     "peer_mismatch",
     "run",
+    "seconds",
+    "seconds_or_off",
     "serve_until_stopped",
     "session_options",
     "size",
@@ -100,6 +102,27 @@ def size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds_or_off(text: str) -> float | None:
+    """A positive number of seconds, or ``off`` (``None``), as an argparse ``type=``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (or 'off')") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r} (or 'off')")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds, as an argparse ``type=``."""
+    value = seconds_or_off(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds: {text!r}")
+    return value
 
 
 def format_bytes(n: float) -> str:

@@ -33,6 +33,8 @@ from polymux.apps.common import (
     parse_address,
     parse_size,
     run as run_loop,
+    seconds,
+    seconds_or_off,
     serve_until_stopped,
     session_options,
     two_way,
@@ -74,7 +76,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=1024,
         metavar="N",
-        help="connections held at once; more are dropped as they arrive (default 1024)",
+        help="connections held at once, counted from their accept; when full, the oldest that has "
+        "sent nothing yet is closed to make room, else the new one is dropped (default 1024)",
     )
     limits.add_argument(
         "--max-session-memory",
@@ -84,9 +87,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     limits.add_argument(
         "--handshake-timeout",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
-        help="seconds a new connection may take to complete its handshake (default 10)",
+        help="seconds a new connection may take to send its handshake, or on formats without one "
+        "its first frame; a connection silent that long is closed (default 10)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=seconds_or_off,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds a session with no channels may go without a frame before it is closed, "
+        "or off (default 300)",
+    )
+    limits.add_argument(
+        "--keepalive-interval",
+        type=seconds_or_off,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds between keepalive pings on formats with pings, or off (default 15)",
+    )
+    limits.add_argument(
+        "--keepalive-timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="seconds a ping may go unanswered before the session fails (default 10)",
     )
     parser.set_defaults(func=run, parser=parser)
 
@@ -98,8 +123,13 @@ def run(args: argparse.Namespace) -> int:
         options = session_options(args)
         if args.max_session_memory is not None:
             options["max_session_memory"] = args.max_session_memory
-        if args.handshake_timeout is not None:
-            options["handshake_timeout"] = args.handshake_timeout
+        for field in ("handshake_timeout", "keepalive_timeout"):
+            if getattr(args, field) is not None:
+                options[field] = getattr(args, field)
+        # "off" is None, so these two are absent from args unless given (default=SUPPRESS).
+        for field in ("idle_timeout", "keepalive_interval"):
+            if hasattr(args, field):
+                options[field] = getattr(args, field)
         polymux.SessionConfig.from_options(**options)
         if args.max_connections <= 0:
             raise ValueError(f"--max-connections must be positive, got {args.max_connections}")

@@ -11,7 +11,8 @@ common to every format and every I/O flavour:
   backlog, the open rate (a token bucket charged per open as it is read), names;
 * the bounds of SECURITY.md: the memory budget (``max_session_memory``), queued control
   frames (``max_queued_control``), ``send_timeout``, the slow-reader policy;
-* deadlines: keepalive, idle, handshake, stream-open, channel-close, slow-reader reset.
+* deadlines: keepalive, idle, handshake (or a server's first frame), stream-open,
+  channel-close, slow-reader reset.
 
 Call order (as in h11, h2 and aioquic): feed it what happened (:meth:`receive_data`,
 :meth:`receive_eof`, application calls such as :meth:`write` or :meth:`consumed`, and
@@ -166,6 +167,10 @@ class SessionCore:
         now: the current time (seconds, any monotonic clock the driver keeps using).
         offer_filter: ``offer_filter(name) -> bool`` accepts or refuses the peer's offers.
         has_handler: the driver runs a handler per incoming channel (no accept backlog).
+        first_frame_deadline: the peer must speak first (a server's accepted connection):
+            on formats with no handshake too, it must send a whole frame within
+            ``handshake_timeout`` of the connection, or the session ends. A channel we open
+            lifts the deadline (the peer may then only listen).
     """
 
     def __init__(
@@ -176,6 +181,7 @@ class SessionCore:
         *,
         offer_filter: OfferFilter | None = None,
         has_handler: bool = False,
+        first_frame_deadline: bool = False,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -228,7 +234,13 @@ class SessionCore:
         self._timers: list[tuple[float, int, int]] = []
         self._open_pending: set[int] = set()  # our opens the peer has not acknowledged
         self._ready = engine.ready
-        self._handshake_at: float | None = None if self._ready else now + config.handshake_timeout
+        # handshake_timeout: the peer's handshake is due (formats with one), or on a server's
+        # accepted connection of a format without one, its first whole frame.
+        self._first_frame_due = first_frame_deadline and self._ready
+        self._heard = False  # a whole frame came from the peer
+        self._handshake_at: float | None = (
+            now + config.handshake_timeout if not self._ready or self._first_frame_due else None
+        )
         self._last_activity = now  # last whole frame received, or last channel gone
         self._last_busy = -1e9  # last full socket read
         self._stall_at: float | None = None
@@ -264,6 +276,14 @@ class SessionCore:
             self._handshake_at = now + self.config.handshake_timeout
         else:
             self._on_ready(now)
+            if self._first_frame_due:
+                self._handshake_at = now + self.config.handshake_timeout
+
+    @property
+    def peer_silent(self) -> bool:
+        """Whether no whole frame has come from the peer yet (not even its handshake): a
+        full server sheds such connections first."""
+        return not self._heard
 
     # -- the driver's side: events, output, deadlines ----------------------------------------
 
@@ -353,9 +373,10 @@ class SessionCore:
             return
         if self._handshake_at is not None and now >= self._handshake_at:
             self._handshake_at = None
+            what = "not one whole frame" if self._first_frame_due else "no handshake"
             self._fail(
                 SessionClosed(
-                    f"{self.format}: no handshake from the peer within "
+                    f"{self.format}: {what} from the peer within "
                     f"{self.config.handshake_timeout:g} s (handshake_timeout)"
                 )
             )
@@ -417,6 +438,10 @@ class SessionCore:
         if events or engine.has_output:
             # Whole frames arrived (bytes of a frame that never ends do not count).
             self._last_activity = now
+            self._heard = True
+            if self._first_frame_due:
+                self._first_frame_due = False
+                self._handshake_at = None
             if len(data) >= _BUSY_READ:
                 self._last_busy = now
         for event in events:
@@ -510,6 +535,9 @@ class SessionCore:
             handle, engine.channel_name(handle), engine.describe(handle), True, self._high, self._low
         )
         self.channels[handle] = channel
+        if self._first_frame_due:  # the application uses the session: the peer may only listen
+            self._first_frame_due = False
+            self._handshake_at = None
         if not engine.needs_acceptance:  # usable at once (mplex, yamux)
             channel.accepted = True
             if engine.open_acknowledged:
