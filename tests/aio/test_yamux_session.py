@@ -721,7 +721,7 @@ async def test_acknowledged_stream_is_not_reset_by_stream_open_timeout(serve: Se
         opened = loop.time()
         writer.write(b"hello")
         assert await wait(reader.readexactly(5)) == b"hello"
-        assert not session.mux.core._open_pending  # the ACK settled it
+        assert not session.mux.core.offers.pending  # the ACK settled it
         await until(lambda: loop.time() > opened + 0.5)  # past the timeout: still fine
         writer.write(b"again")
         assert await wait(reader.readexactly(5)) == b"again"

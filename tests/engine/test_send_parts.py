@@ -14,7 +14,7 @@ from polymux.engine import make_engine
 from polymux.engine.base import Engine
 from polymux.engine.events import ChannelOpened, DataReceived
 from polymux.session import SessionCore
-from polymux.session.core import _COALESCE
+from polymux.session.scheduler import COALESCE as _COALESCE
 
 
 FORMATS = ["mstream-v1", "mstream-v2", "mstream-v3", "mplex", "multiplex", "yamux", "streamux"]
@@ -92,18 +92,18 @@ def test_take_returns_views_of_large_writes_and_joins_small_ones() -> None:
     core.write(handle, b"len")
     core.write(handle, big)
     core.write(handle, big)
-    parts = core._take(channel, 100_000)
+    parts = core.scheduler.take(channel, 100_000)
     assert [len(p) for p in parts] == [6, 100_000 - 6]
     assert parts[0] == b"hdrlen"
     assert isinstance(parts[1], memoryview) and parts[1].obj is big  # a view, not a copy
-    parts = core._take(channel, 400_000)
+    parts = core.scheduler.take(channel, 400_000)
     assert [len(p) for p in parts] == [len(big) - (100_000 - 6), 400_000 - (len(big) - (100_000 - 6))]
     assert all(isinstance(p, memoryview) and p.obj is big for p in parts)
     # A long run of small writes is joined at most _COALESCE bytes at a time.
     for _ in range(3 * _COALESCE // 1000):
         core.write(handle, b"s" * 1000)
     rest = channel.buffered
-    parts = core._take(channel, rest)
+    parts = core.scheduler.take(channel, rest)
     assert sum(len(p) for p in parts) == rest
     assert all(len(p) <= _COALESCE for p in parts[1:])
     assert channel.buffered == 0

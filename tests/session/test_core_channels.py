@@ -258,13 +258,13 @@ def test_closing_a_channel_lingers_until_the_peers_end_and_drops_what_arrives() 
     assert received(b.events(), y) == b"last words"
     b.write(y, bytes(200_000))
     pump(a, b)
-    assert not of(a.events(), ce.Data) and a._held == 0
+    assert not of(a.events(), ce.Data) and a.budget.held == 0
     b.write(y, bytes(200_000))  # past the first window: the dropped bytes were credited
     b.write_eof(y)
     pump(a, b)
     assert of(a.events(), ce.Finished) == [ce.Finished(x)]
     assert of(b.events(), ce.Finished) == [ce.Finished(y)]
-    assert not a.channels and not b.channels and b._unsent == 0
+    assert not a.channels and not b.channels and b.budget.unsent == 0
 
 
 def test_resets_either_way() -> None:
@@ -276,7 +276,7 @@ def test_resets_either_way() -> None:
     a.write(x, b"dropped")
     a.reset(x)
     a.reset(x)
-    assert of(a.events(), ce.Finished) == [ce.Finished(x)] and a._unsent == 0
+    assert of(a.events(), ce.Finished) == [ce.Finished(x)] and a.budget.unsent == 0
     pump(a, b)
     done = one(b.events(), ce.Finished)
     assert done.handle == y and isinstance(done.error, ChannelReset)
@@ -314,7 +314,7 @@ def test_the_peer_stopping_reading_stops_our_writing() -> None:
     a.receive_data(mswire.encode_header(3, mswire.ControlCode.CONTENT_READING_COMPLETED, wire_id, 0, -1), 0.0)
     stopped = one(a.events(), ce.WritingStopped)
     assert stopped.handle == x and "the peer stopped reading" in str(stopped.error)
-    assert a._unsent == 0 and a.channels[x].eof_requested
+    assert a.budget.unsent == 0 and a.channels[x].eof_requested
     b.write(y, b"still read")
     pump(a, b)
     events = a.events()
@@ -342,16 +342,16 @@ def test_a_streamux_response_is_held_until_its_request_ends() -> None:
     a, b = pair("streamux", server={"write_buffer_high": 1000})
     x, y = streamux_request(a, b, b"question")
     assert b.write(y, bytes(5000)) is False
-    assert b.channels[y].holding and b._holding == 5000 and b._held == len(b"question")
+    assert b.channels[y].holding and b.budget.holding == 5000 and b.budget.held == len(b"question")
     assert b.write(y, bytes(5000)) is False
     pump(a, b)
     assert not received(a.events(), x)
     a.write_eof(x)
     pump(a, b)
     assert len(received(a.events(), x)) == 10_000
-    assert not b.channels[y].holding and b._holding == 0
+    assert not b.channels[y].holding and b.budget.holding == 0
     b.consumed(y, len(b"question"))
-    assert b._held == 0
+    assert b.budget.held == 0
 
 
 def test_a_streamux_response_past_its_hold_limit_is_reset() -> None:
@@ -368,7 +368,7 @@ def test_a_streamux_response_past_its_hold_limit_is_reset() -> None:
     done = one(b.events(), ce.Finished)
     assert done.handle == y and isinstance(done.error, ChannelOverflow)
     assert "exceed streamux_response_hold=4000 (raise it" in str(done.error)
-    assert y not in b.channels and b._unsent == 0 and b._holding == 0
+    assert y not in b.channels and b.budget.unsent == 0 and b.budget.holding == 0
 
 
 def test_held_responses_past_max_session_memory_never_pause_reading() -> None:
@@ -380,7 +380,7 @@ def test_held_responses_past_max_session_memory_never_pause_reading() -> None:
     assert b.write(y1, bytes(60_000)) is False
     assert b.write(y2, bytes(60_000)) is False
     assert b.reading and not of(b.events(), ce.Finished)
-    assert b._holding == 120_000 and b._held == 2
+    assert b.budget.holding == 120_000 and b.budget.held == 2
 
 
 def test_the_response_that_passes_the_hold_budget_is_reset_and_asks_for_no_pause() -> None:
@@ -399,9 +399,9 @@ def test_the_response_that_passes_the_hold_budget_is_reset_and_asks_for_no_pause
     assert b.write(y2, bytes(20_000)) is False
     done = one(b.events(), ce.Finished)
     assert done.handle == y2 and "exceed streamux_hold_budget=60000 (raise it)" in str(done.error)
-    assert not b._held_writers and b._unsent == 20_000 and b._holding == 20_000
+    assert not b.budget.held_writers and b.budget.unsent == 20_000 and b.budget.holding == 20_000
     b.data_to_send()  # its stale queue entry is skipped and dropped
-    assert all(ch.handle != y2 for ch in b._ready_queue)
+    assert all(ch.handle != y2 for ch in b.scheduler.ready)
     assert y1 in b.channels and b.reading
 
 

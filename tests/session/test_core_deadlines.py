@@ -396,7 +396,7 @@ def test_a_closed_channel_that_the_peer_ends_in_time_finishes_cleanly() -> None:
     a.events()
     assert a.channels[x].unconsumed == 1000
     a.close_channel(x)  # unread bytes released and credited
-    assert a.channels[x].unconsumed == 0 and a._held == 0
+    assert a.channels[x].unconsumed == 0 and a.budget.held == 0
     b.write(y, bytes(500))  # arrives after close: dropped
     b.write_eof(y)
     pump(a, b)
@@ -418,9 +418,9 @@ def test_the_timer_heap_drops_entries_of_gone_channels() -> None:
     for _ in range(500):
         x = a.open_channel()
         a.reset(x)
-    assert len(a._timers) <= 2 * len(a.channels) + 65
+    assert len(a.table.timers) <= 2 * len(a.channels) + 65
     live = a.open_channel()
-    assert any(t[2] == live for t in a._timers)
+    assert any(t[2] == live for t in a.table.timers)
     a.handle_timer(75.0)  # the dead entries due are skipped, the live one fires
     assert live not in a.channels
 
@@ -495,7 +495,7 @@ def test_while_we_do_not_read_we_ping_and_the_peers_pings_show_it_alive() -> Non
     b.consumed(y, 5001)
     assert b.reading
     b.handle_timer(21.0)
-    assert b._heartbeat_at is None  # no heartbeat once reading
+    assert b.liveness.heartbeat_at is None  # no heartbeat once reading
 
 
 def test_the_peers_pings_are_no_answer_on_formats_with_credit() -> None:
@@ -515,14 +515,14 @@ def test_a_ping_the_peer_has_not_taken_is_judged_by_stall_timeout() -> None:
     stall_timeout (120 s by default): it is applying backpressure; then the session ends,
     saying that the peer stopped reading."""
     a, _b, _x, _y = streamux_pair()
-    taken = a._bytes_out - 500_000  # what the peer took: 500,000 bytes wait in our socket
+    taken = a.liveness.bytes_out - 500_000  # what the peer took: 500,000 bytes wait in our socket
     a.socket_paused(True, 500_000)
     a.handle_timer(15.0, 500_000)
     drain(a)  # the ping is queued behind them: not taken
     for t in (25.0, 75.0, 134.0):
-        a.handle_timer(t, a._bytes_out - taken)
+        a.handle_timer(t, a.liveness.bytes_out - taken)
         assert not a.failed
-    a.handle_timer(135.0, a._bytes_out - taken)
+    a.handle_timer(135.0, a.liveness.bytes_out - taken)
     error = str(one(a.events(), ce.Failed).error)
     assert "the peer has taken none of our bytes (our ping among them) for 120 s (stall_timeout=120)" in error
 
@@ -531,15 +531,15 @@ def test_progress_on_our_bytes_keeps_the_wait_going_and_stall_timeout_is_an_opti
     """A peer that takes our bytes slowly is never stalled; one that stops taking them for
     stall_timeout is. The ping judged once out, from then on."""
     a, _b, _x, _y = streamux_pair(stall_timeout=30.0)
-    taken = a._bytes_out - 500_000
+    taken = a.liveness.bytes_out - 500_000
     a.socket_paused(True, 500_000)
     a.handle_timer(15.0, 500_000)
     drain(a)
     t = 15.0
-    while a._bytes_out - taken > 0:  # 10,000 bytes every 10 s: 500 s of slow progress
+    while a.liveness.bytes_out - taken > 0:  # 10,000 bytes every 10 s: 500 s of slow progress
         t += 10.0
-        taken = min(a._bytes_out, taken + 10_000)
-        a.handle_timer(t, a._bytes_out - taken)
+        taken = min(a.liveness.bytes_out, taken + 10_000)
+        a.handle_timer(t, a.liveness.bytes_out - taken)
         assert not a.failed
     # Taken at t: the answer is due within the timeout from there.
     a.handle_timer(t + 9.0, 0)

@@ -64,14 +64,14 @@ def test_writers_are_held_by_the_sessions_unsent_budget_until_it_drains() -> Non
     assert not a.channels[z].held
     assert a.write(y, bytes(1)) is True  # under its mark, but 36,385 bytes unsent in all
     assert a.write(x, bytes(1)) is True
-    assert a._held_writers == {a.channels[x], a.channels[y]}
+    assert a.budget.held_writers == {a.channels[x], a.channels[y]}
     resumed: list[int] = []
     while a.data_to_send():
         now_resumed = [e.handle for e in of(a.events(), ce.WriteResumed)]
-        assert not now_resumed or a._unsent <= a._unsent_limit
+        assert not now_resumed or a.budget.unsent <= a.budget.unsent_limit
         resumed += now_resumed
     assert sorted(resumed) == sorted([x, y, z])
-    assert a._unsent == 0 and a._held == 0 and not a._held_writers
+    assert a.budget.unsent == 0 and a.budget.held == 0 and not a.budget.held_writers
 
 
 def test_a_writer_drained_to_its_low_mark_stays_held_while_the_session_is_over_budget() -> None:
@@ -108,7 +108,7 @@ def test_a_held_writer_reset_while_held_is_forgotten() -> None:
     assert a.write(x, bytes(30_000)) is True and a.channels[x].held
     a.reset(x)  # its own bytes take the session under the budget, but it is gone
     assert not of(a.events(), ce.WriteResumed)
-    assert not a._held_writers and a._unsent == 5_000
+    assert not a.budget.held_writers and a.budget.unsent == 5_000
     # A held writer reset while the others keep the session over its budget.
     x, _ = open_to(a, b)
     drain(a)
@@ -116,7 +116,7 @@ def test_a_held_writer_reset_while_held_is_forgotten() -> None:
     a.write(x, bytes(30_000))
     assert a.write(z, bytes(3_000)) is True and a.channels[z].held
     a.reset(z)
-    assert not a._held_writers and a._unsent == 30_000
+    assert not a.budget.held_writers and a.budget.unsent == 30_000
 
 
 # -- credit on consumption ------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_write_to_a_channel_without_credit_waits_in_the_queue() -> None:
     a.write(x, b"again")
     b.consumed(y, 256 * 1024)
     a.receive_data(drain(b), 0.0)
-    assert [ch.handle for ch in a._ready_queue] == [x]
+    assert [ch.handle for ch in a.scheduler.ready] == [x]
     pump(a, b)
     assert received(b.events(), y).endswith(b"again")
 
@@ -186,10 +186,10 @@ def test_consumed_for_a_gone_channel_still_returns_credit_and_extra_counts_are_i
     b.events()
     b.consumed(y, 0)
     b.consumed(y, 5000)  # clipped to 1000
-    assert b.channels[y].unconsumed == 0 and b._held == 0
+    assert b.channels[y].unconsumed == 0 and b.budget.held == 0
     b.consumed(y, 10)  # nothing left: ignored
     b.consumed(12345, 10)  # unknown: the engine ignores it too
-    assert b._held == 0
+    assert b.budget.held == 0
 
 
 def test_a_reader_waiting_for_more_than_it_holds_credits_all_it_holds() -> None:
@@ -223,7 +223,7 @@ def test_reading_pauses_over_the_memory_budget_and_resumes_at_three_quarters() -
     a.write(x, bytes(200 * 1024))
     a.write(v, bytes(200 * 1024))  # within each stream's 256 KiB window
     pump(a, b)
-    assert b._held == 400 * 1024 and not b.reading
+    assert b.budget.held == 400 * 1024 and not b.reading
     b.consumed(y, 150 * 1024)  # 250 KiB held: still over 225 KiB
     assert not b.reading
     b.consumed(w, 30 * 1024)
@@ -238,16 +238,16 @@ def test_unsent_bytes_count_up_to_twice_the_high_mark_per_channel() -> None:
     a, b = pair("mplex", write_buffer_high=1000)
     x, _ = open_to(a, b)
     a.write(x, bytes(1500))
-    assert a._held == 0 and a._unsent_counted == 1500
+    assert a.budget.held == 0 and a.budget.unsent_counted == 1500
     a.socket_paused(True, 0)
-    assert a._held == 1500
+    assert a.budget.held == 1500
     a.write(x, bytes(1500))
-    assert a._held == 2000
+    assert a.budget.held == 2000
     a.write(x, bytes(10))
-    assert a._held == 2000
+    assert a.budget.held == 2000
     a.socket_paused(False, 0)
     drain(a)
-    assert a._held == 0 and a._unsent == 0 and a._unsent_counted == 0
+    assert a.budget.held == 0 and a.budget.unsent == 0 and a.budget.unsent_counted == 0
 
 
 # -- _BACKLOG: replies the peer does not read -------------------------------------------------
@@ -325,7 +325,7 @@ def test_socket_paused_without_a_stall_starts_no_clock() -> None:
     a.socket_paused(True, 10)
     assert a.next_deadline() is None
     a.connection_lost(None)
-    a._block_reading(8, True)  # _BUDGET after the end: no clock either
+    a.pressure.block(8, True)  # _BUDGET after the end: no clock either
     assert a.next_deadline() is None
 
 
@@ -348,7 +348,7 @@ def test_a_full_reader_blocks_the_connection_until_it_catches_up() -> None:
     assert not b.reading and b.channels[y].slow
     a.write(x, bytes(1000))  # bytes read before the pause took effect
     pump(a, b)
-    assert b.channels[y].unconsumed == 6000 and b._read_pausers == 1
+    assert b.channels[y].unconsumed == 6000 and b.pressure.pausers == 1
     b.consumed(y, 3000)  # 3000 left: above half the window
     assert not b.reading
     b.consumed(y, 1000)
@@ -366,7 +366,7 @@ def test_slow_reader_reset_with_no_grace_resets_the_full_channel_at_once() -> No
     done = one(b.events(), ce.Finished)
     assert done.handle == y and done.drop_unread and isinstance(done.error, ChannelOverflow)
     assert "reader fell behind: 5000 bytes unread (receive_window=4096" in str(done.error)
-    assert b.reading and b._held == 0
+    assert b.reading and b.budget.held == 0
     assert isinstance(one(a.events(), ce.Finished).error, Exception)
 
 

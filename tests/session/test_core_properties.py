@@ -45,24 +45,24 @@ class Side:
 
 def check_accounting(c: SessionCore) -> None:
     """The core's totals are the sums over its channels."""
-    cap = c._unsent_cap
+    cap = c.budget.unsent_cap
     channels = c.channels.values()
-    assert c._unsent == sum(ch.buffered for ch in channels)
+    assert c.budget.unsent == sum(ch.buffered for ch in channels)
     unread = sum(ch.unconsumed for ch in channels)
     holding = sum(ch.buffered for ch in channels if ch.holding)
     unsent = sum(min(ch.buffered, cap) for ch in channels if not ch.holding)
-    assert (c._unread, c._holding, c._unsent_counted) == (unread, holding, unsent)
+    assert (c.budget.unread, c.budget.holding, c.budget.unsent_counted) == (unread, holding, unsent)
     # Unsent bytes count towards the budget only while the socket takes nothing; held
     # responses never (the format bounds them: only reading ends their requests).
-    assert c._held == unread + (unsent if c._write_paused else 0)
+    assert c.budget.held == unread + (unsent if c.pressure.write_paused else 0)
     assert getattr(c.engine, "held_bytes", 0) <= c.config.streamux_hold_budget
-    for ch in c._held_writers:
+    for ch in c.budget.held_writers:
         assert c.channels.get(ch.handle) is ch and ch.held and ch.paused
     pausers = sum(ch.slow for ch in channels)
     if not c.engine.has_flow_control:
         pausers += sum(ch.reading_paused for ch in channels)
-    assert c._read_pausers == pausers
-    assert c.reading == (c._read_block == 0)
+    assert c.pressure.pausers == pausers
+    assert c.reading == (c.pressure.bits == 0)
 
 
 def take_events(me: Side, peer: int) -> None:
@@ -228,8 +228,8 @@ def test_random_interleavings_keep_the_accounting_and_end_at_zero(
     for side in sides:
         c = side.core
         assert not c.channels, f"channels left: {c.channels}"
-        assert c._unsent == 0 and c._held == 0
-        assert not c._held_writers and c._read_pausers == 0 and c.reading
+        assert c.budget.unsent == 0 and c.budget.held == 0
+        assert not c.budget.held_writers and c.pressure.pausers == 0 and c.reading
         assert not c.failed, c.error
     # Channels nobody reset (and nobody closed early) delivered every byte, in order.
     by_key = [{key: handle for handle, key in side.keys.items()} for side in sides]

@@ -207,7 +207,7 @@ async def sample_held(run: Run) -> None:
     while True:
         for s in run.server_sessions:
             core = s.mux.core if isinstance(s, polymux.Session) else s.core
-            run.max_held = max(run.max_held, core._held)
+            run.max_held = max(run.max_held, core.budget.held)
         await asyncio.sleep(0.05)
 
 

@@ -264,7 +264,7 @@ async def test_a_reader_that_stops_bounds_what_the_session_holds(driver: str) ->
             async with asyncio.timeout(10):
                 while server.core.reading:  # noqa: ASYNC110 - the core's state has no event
                     await asyncio.sleep(0.01)
-            assert server.core._held <= budget + 256 * 1024
+            assert server.core.budget.held <= budget + 256 * 1024
             assert held.inner is not None
         finally:
             task.cancel()

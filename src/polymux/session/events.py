@@ -14,6 +14,7 @@ from polymux._types import BytesLike
 
 __all__ = [
     "Accepted",
+    "Answered",
     "ControlArrived",
     "CoreEvent",
     "Data",
@@ -21,7 +22,10 @@ __all__ = [
     "Failed",
     "Finished",
     "Incoming",
+    "IncomingPair",
     "OpenFailed",
+    "PairAnswered",
+    "PairFailed",
     "PingAnswered",
     "Ready",
     "RoomToOpen",
@@ -126,6 +130,46 @@ class PingAnswered(CoreEvent):
 @dataclass(frozen=True, slots=True)
 class ControlArrived(CoreEvent):
     """A control message (omnistreams) is waiting: :meth:`SessionCore.take_control`."""
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingPair(CoreEvent):
+    """The peer opened the first half of a stream pair (one-way formats: omnistreams), and
+    the core opened the other half back: read ``handle``, write ``reply`` (an
+    :class:`Incoming` of its own, for the handler or the accept backlog)."""
+
+    handle: int
+    reply: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairAnswered(CoreEvent):
+    """Our stream pair (``SessionCore.open_pair``: its first half ``handle``) is complete:
+    the peer's half is ``inbound``; or it failed (``error``, ``inbound`` None)."""
+
+    handle: int
+    inbound: int | None
+    error: Exception | None
+
+
+@dataclass(frozen=True, slots=True)
+class PairFailed(CoreEvent):
+    """The peer opened the first half of a stream pair named ``name`` and the core could
+    not open the other half back (``error``): the peer's half was reset. For the log."""
+
+    name: str
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Answered(CoreEvent):
+    """A request (``SessionCore.request``, on channel ``handle``) is over: ``answer`` is
+    everything the peer sent back, or ``error`` says why there is none."""
+
+    handle: int
+    answer: bytes | None
+    error: Exception | None
 
 
 @dataclass(frozen=True, slots=True)

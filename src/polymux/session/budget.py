@@ -1,0 +1,301 @@
+"""The session's bounds on memory, and when it stops reading from the peer.
+
+Two pieces, both owned by :class:`~polymux.session.core.SessionCore`:
+
+* :class:`Pressure`: the connection's two directions as the core sees them: whether it reads
+  from the peer (and every reason it does not, as bits: reading resumes only once every
+  reason is gone), and whether the socket takes our bytes (``pause_writing``).
+* :class:`Budget`: ``max_session_memory`` (bytes received and not yet consumed by the
+  application, plus bytes written and not yet sent while the socket takes nothing: over
+  it, reading pauses), the session's unsent bytes (over half the budget, every writer's
+  ``drain()`` blocks), each writer's high- and low-water marks, and the bytes a format
+  holds back itself (Streamux responses, ``Engine.may_hold``).
+
+Only what the application (reading) or the peer (taking our bytes) can bring down counts
+towards the budget, so that reading, once paused, always resumes: bytes waiting for the
+peer's credit do not count (reading is what brings the credit), nor bytes the format holds
+until the peer ends a request (Streamux: reading is what ends it; the format bounds them
+itself with ``streamux_response_hold`` and ``streamux_hold_budget``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from polymux.config import SessionConfig
+from polymux.engine import Engine
+from polymux.exceptions import LimitExceeded
+from polymux.session import events as ce
+from polymux.session.channels import CoreChannel
+
+
+__all__ = ["BACKLOG", "BUDGET", "CONTROLS", "SLOW_READER", "STALLED", "Budget", "Pressure"]
+
+# Why reading from the peer is paused (bits of Pressure.bits).
+SLOW_READER = 1
+"""A channel's reader is full and the format has no credit to withhold (``slow_reader``)."""
+CONTROLS = 2
+"""Too many control messages (omnistreams) unread by the application."""
+BACKLOG = 4
+"""Replies cannot be written (the peer does not read): ``max_queued_control``."""
+BUDGET = 8
+"""The session holds ``max_session_memory`` (see the module docstring)."""
+STALLED = BACKLOG | BUDGET
+"""Reasons that are the peer's doing while it takes none of our bytes: ``send_timeout``."""
+
+
+class PressureListener(Protocol):
+    """Who hears when reading stops (the liveness checks: :mod:`polymux.session.liveness`)."""
+
+    def reading_stopped(self) -> None:
+        """Reading from the peer stopped (it was going on)."""
+
+    def stalled(self) -> None:
+        """Reading stopped for a reason of :data:`STALLED`."""
+
+
+class Pressure:
+    """Whether the core reads from the peer, and whether the socket takes our bytes."""
+
+    __slots__ = ("bits", "listener", "pausers", "socket_unsent", "write_paused")
+
+    def __init__(self) -> None:
+        self.bits = 0
+        """Why reading is paused (:data:`SLOW_READER` ... :data:`BUDGET`); 0: reading."""
+        self.pausers = 0
+        """Channels that hold the connection (slow readers, paused plain protocols)."""
+        self.write_paused = False
+        """The socket takes none of our bytes (the driver's ``pause_writing``)."""
+        self.socket_unsent = 0
+        """What the driver last told of the socket's unsent bytes."""
+        self.listener: PressureListener | None = None
+
+    def block(self, reason: int, on: bool) -> None:
+        """Pause reading for ``reason`` (``on``), or lift that reason."""
+        before = self.bits
+        after = before | reason if on else before & ~reason
+        if after == before:
+            return
+        self.bits = after
+        listener = self.listener
+        assert listener is not None
+        if after and not before:
+            listener.reading_stopped()
+        if on and reason & STALLED:
+            listener.stalled()
+
+    def pause_for(self, paused: bool) -> None:
+        """A channel holds the connection (or lets it go). Without credit on the wire, the
+        only way to stop the peer is to stop reading the whole connection (head-of-line
+        blocking, as MultiplexingStream v1 does)."""
+        self.pausers += 1 if paused else -1
+        self.block(SLOW_READER, self.pausers > 0)
+
+
+class BudgetHost(Protocol):
+    """What the budget needs of the core that owns it."""
+
+    def emit(self, event: ce.CoreEvent) -> None:
+        """Tell the driver."""
+
+    def overflow(self, channel: CoreChannel, problem: str) -> None:
+        """Reset ``channel``: it held more than the format allows (``problem``)."""
+
+
+class Budget:
+    """``max_session_memory``, the session's unsent bytes and the writers' marks (see the
+    module docstring). Counts are in bytes."""
+
+    __slots__ = (
+        "channels",
+        "engine",
+        "format",
+        "held",
+        "held_writers",
+        "high",
+        "hold_limit",
+        "hold_resume",
+        "holding",
+        "host",
+        "low",
+        "pressure",
+        "unread",
+        "unsent",
+        "unsent_cap",
+        "unsent_counted",
+        "unsent_limit",
+        "unsent_resume",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: SessionConfig,
+        pressure: Pressure,
+        channels: dict[int, CoreChannel],
+        host: BudgetHost,
+    ) -> None:
+        self.engine = engine
+        self.channels = channels  # the core's live channels
+        self.format = engine.format
+        self.pressure = pressure
+        self.host = host
+        budget = config.max_session_memory
+        self.held = 0
+        """What counts now: unread, plus unsent while the socket is paused."""
+        self.unread = 0
+        """Received, not yet consumed by the application."""
+        self.unsent_counted = 0
+        """Unsent, counted per channel up to twice its high-water mark (an application
+        that ignores ``drain()`` owns the rest)."""
+        self.holding = 0
+        """Unsent bytes the format holds back (``Engine.may_hold``): never in :attr:`held`."""
+        self.hold_limit, self.hold_resume = budget, budget * 3 // 4
+        self.unsent = 0
+        """Every unsent byte of every channel."""
+        self.unsent_limit, self.unsent_resume = budget // 2, budget // 4
+        self.unsent_cap = 2 * config.write_buffer_high
+        self.high = config.write_buffer_high
+        self.low = config.low_water
+        self.held_writers: set[CoreChannel] = set()
+        """Writers paused by the session's unsent bytes, not by their own marks."""
+
+    def check(self) -> None:
+        """Pause reading while the session holds more than ``max_session_memory``; resume
+        at three quarters of it."""
+        held = self.unread + (self.unsent_counted if self.pressure.write_paused else 0)
+        self.held = held
+        if held > self.hold_limit:
+            if not self.pressure.bits & BUDGET:
+                self.pressure.block(BUDGET, True)
+        elif self.pressure.bits & BUDGET and held <= self.hold_resume:
+            self.pressure.block(BUDGET, False)
+
+    # -- received bytes ----------------------------------------------------------------------
+
+    def received(self, n: int) -> None:
+        """``n`` bytes arrived for the application."""
+        self.unread += n
+        self.check()
+
+    def consumed(self, n: int) -> None:
+        """``n`` received bytes were consumed (or dropped)."""
+        self.unread -= n
+        self.check()
+
+    # -- unsent bytes and the writers --------------------------------------------------------
+
+    def wrote(self, channel: CoreChannel, n: int, old: int, new: int) -> bool:
+        """``channel`` queued ``n`` more bytes (``old`` -> ``new`` unsent). True: the format
+        holds them back (no pause, nothing to schedule)."""
+        self.unsent += n
+        if channel.holding:
+            self.holding += n
+            self.check()
+            if self.may_hold(channel):  # within the format's limits (else it was reset)
+                return True
+        elif old < self.unsent_cap:
+            self.unsent_counted += min(new, self.unsent_cap) - old
+            self.check()
+        return False
+
+    def pause(self, channel: CoreChannel, new: int) -> bool:
+        """The writer passed its high-water mark, or the session holds half its budget in
+        unsent bytes (held responses apart: the format bounds those): pause it (True),
+        unless the format holds its bytes back."""
+        if self.may_hold(channel):
+            return False
+        channel.paused = True
+        if new <= channel.high:
+            channel.held = True
+            self.held_writers.add(channel)
+        return True
+
+    def taken(self, channel: CoreChannel, old: int, new: int) -> None:
+        """The scheduler took ``old - new`` of ``channel``'s unsent bytes for the engine."""
+        self.sent(old - new)
+        cap = self.unsent_cap
+        if channel.holding:
+            # The format lets it go now (a Streamux request ended): counted as any unsent.
+            channel.holding = False
+            self.holding -= old
+            self.check()
+            self.unsent_counted += min(new, cap)
+            self.check()
+        elif new < cap:
+            self.unsent_counted -= min(old, cap) - new
+            self.check()
+        if channel.paused and new <= channel.low:
+            self.update_pause(channel)
+
+    def dropped(self, channel: CoreChannel) -> None:
+        """``channel``'s unsent bytes are gone (a reset, the peer stopped reading)."""
+        channel.buf.clear()
+        if channel.buffered:
+            n, channel.buffered = channel.buffered, 0
+            if channel.holding:
+                channel.holding = False
+                self.holding -= n
+            else:
+                self.unsent_counted -= min(n, self.unsent_cap)
+            self.check()
+            self.sent(n)
+
+    def sent(self, n: int) -> None:
+        """``n`` unsent bytes left the session: held writers may resume."""
+        self.unsent -= n
+        if self.held_writers and self.unsent - self.holding <= self.unsent_resume:
+            held, self.held_writers = self.held_writers, set()
+            channels = self.channels
+            for channel in held:
+                channel.held = False
+                if channel.handle in channels:
+                    self.update_pause(channel)
+
+    def update_pause(self, channel: CoreChannel) -> bool | None:
+        """Pause or resume a writer by its marks (and the session's unsent bytes); returns
+        the new state when it changed (a resume is also a
+        :class:`~polymux.session.events.WriteResumed` event)."""
+        if channel.paused and channel.buffered <= channel.low:
+            if self.unsent - self.holding > self.unsent_limit:
+                channel.held = True  # resumes once the session's unsent bytes fall
+                self.held_writers.add(channel)
+                return None
+            channel.paused = False
+            self.host.emit(ce.WriteResumed(channel.handle))
+            return False
+        if not channel.paused and channel.buffered > channel.high and not self.may_hold(channel):
+            channel.paused = True
+            return True
+        return None
+
+    def may_hold(self, channel: CoreChannel) -> bool:
+        """Whether the writer goes on past its high-water mark because the format holds
+        the channel's bytes back itself until the peer finishes something that needs the
+        application to go on (a Streamux response waits for the end of its request:
+        ``Engine.may_hold``). Past the format's bound for that, the channel is reset (and
+        True: nothing to pause)."""
+        try:
+            hold = self.engine.may_hold(channel.handle, channel.buffered)
+        except LimitExceeded as exc:
+            self.host.overflow(channel, str(exc).removeprefix(f"{self.format}: "))
+            return True
+        if hold and not channel.holding:
+            # Held back, it counts in full towards the format's limits, not towards
+            # max_session_memory: past the budget, reading paused would hold back the very
+            # request it waits for (the format resets the largest such channel instead).
+            channel.holding = True
+            self.unsent_counted -= min(channel.buffered, self.unsent_cap)
+            self.check()
+            self.holding += channel.buffered
+            self.check()
+        return hold
+
+    def finished(self, channel: CoreChannel) -> None:
+        """``channel`` left the table: its bytes stop counting."""
+        self.dropped(channel)
+        if channel.unconsumed:
+            self.consumed(channel.unconsumed)
+            channel.unconsumed = 0
+        if channel.held:
+            self.held_writers.discard(channel)

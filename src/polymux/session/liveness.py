@@ -1,0 +1,380 @@
+"""Whether the peer is alive and keeps up: the session-wide deadlines of the core.
+
+* ``handshake_timeout``: the peer's handshake is due (formats with one) or, on a server's
+  accepted connection of a format without one, its first whole frame.
+* ``idle_timeout``: a session with no channels that received no whole frame for that long.
+* keepalive (``keepalive_interval``, ``keepalive_timeout``, ``stall_timeout``): a ping
+  every interval, judged only on what the peer could have answered (see
+  :meth:`Liveness._check_keepalive`); while we do not read, formats without credit send
+  heartbeats (pings whose answers are not awaited) so that the peer sees us alive.
+* ``send_timeout``: reading held back (by the budget or queued replies) while the socket
+  takes none of our bytes.
+
+Pings are here too, the application's and the keepalive's: :meth:`Liveness.ping` sends one,
+:meth:`Liveness.ping_acked` matches its answer. Owned by
+:class:`~polymux.session.core.SessionCore`; time is always passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from polymux._types import BytesLike
+from polymux.config import SessionConfig
+from polymux.engine import Engine
+from polymux.exceptions import PolymuxError, SessionClosed
+from polymux.session.budget import STALLED, Pressure
+
+
+__all__ = ["BUSY_READ", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
+
+BUSY_READ = 64 * 1024
+"""A socket read at least this large means the peer had more queued: it is busy, not dead
+(keepalive waits longer for an answer that sits behind what it sent)."""
+
+STALL_TIMEOUT_WITHOUT_CREDIT = 120.0
+"""The default ``stall_timeout`` of formats without credit on the wire (mstream-v1, mplex,
+multiplex, Streamux, smux version 1): there a peer stops reading to slow us down, so a
+peer that takes none of our bytes for a while is applying backpressure, not dead."""
+
+
+class LivenessHost(Protocol):
+    """What the liveness checks need of the core that owns them."""
+
+    now: float
+    closing: bool
+    failed: bool
+    lost: bool
+
+    def fail(self, error: BaseException) -> None:
+        """End the session because of ``error``."""
+
+
+class Liveness:
+    """The session-wide deadlines and pings (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: SessionConfig,
+        now: float,
+        pressure: Pressure,
+        host: LivenessHost,
+        *,
+        first_frame_deadline: bool,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.format = engine.format
+        self.pressure = pressure
+        self.host = host
+        self.ready = engine.ready
+        """The handshake is done (formats without one: from the start)."""
+        self.first_frame_due = first_frame_deadline and self.ready
+        """A server's connection of a format without a handshake: the peer's first whole
+        frame is due within ``handshake_timeout``."""
+        self.heard = False
+        """A whole frame came from the peer."""
+        self.handshake_at: float | None = (
+            now + config.handshake_timeout if not self.ready or self.first_frame_due else None
+        )
+        self.last_activity = now
+        """The last whole frame received, or the last channel gone."""
+        self.last_busy = -1e9
+        """The last full socket read (:data:`BUSY_READ`)."""
+        # send_timeout.
+        self.stall_at: float | None = None
+        self.stall_mark = 0
+        # Pings: ours and the keepalive's. opaque -> time sent.
+        self.pings: dict[int, float] = {}
+        self.keepalive = engine.has_ping and config.keepalive_interval is not None
+        self.ping_due: float | None = None
+        self.ka_opaque: int | None = None
+        self.ka_deadline = 0.0
+        # Liveness judges the peer only on what it has had a chance to answer: our ping
+        # must have left our buffers (ka_offset: where it ends in what we wrote; taken once
+        # bytes_out - unsent reaches it), and we must be reading (ka_unread: reading was
+        # paused since the last check).
+        self.bytes_out = 0
+        """Bytes ``data_to_send()`` returned, in all."""
+        self.ka_offset: int | None = None
+        self.ka_taken_at: float | None = None  # when the ping was seen out of our buffers
+        self.ka_mark = 0  # bytes the peer had taken at the last sign of progress ...
+        self.ka_progress_at = 0.0  # ... and when
+        self.ka_unread = False
+        self.ka_writable = False  # the socket took bytes from the keepalive ping on
+        self.ka_peer_pings = 0  # the peer's pings when ours went out (formats without credit)
+        self.credit = engine.has_flow_control
+        self.heartbeat_at: float | None = None
+
+    # -- the core's calls --------------------------------------------------------------------
+
+    def connection_made(self, now: float) -> None:
+        """The connection is up: the handshake (or first-frame) clock starts."""
+        self.last_activity = now
+        if not self.ready or self.first_frame_due:
+            self.handshake_at = now + self.config.handshake_timeout
+
+    def on_ready(self, now: float) -> None:
+        """The handshake is done: a first ping at once (the RTT drives window tuning), and
+        the keepalive's clock starts."""
+        self.ready = True
+        self.handshake_at = None
+        if self.engine.has_ping:
+            self.ping(now, by_application=False)
+            if self.keepalive:
+                self.ping_due = now + (self.config.keepalive_interval or 0.0)
+
+    def lift_first_frame(self) -> None:
+        """The peer's first frame arrived, or the application opened a channel (the peer
+        may then only listen): no first-frame deadline."""
+        self.first_frame_due = False
+        self.handshake_at = None
+
+    def ping(self, now: float, *, by_application: bool = True) -> int:
+        """Send a ping (see ``SessionCore.ping``)."""
+        engine = self.engine
+        if not engine.has_ping or (by_application and not engine.ping_answered):
+            raise PolymuxError(f"{self.format} has no ping (nothing answers its keepalive)")
+        engine.now = now
+        opaque = engine.ping()
+        self.pings[opaque] = now
+        return opaque
+
+    def ping_acked(self, opaque: int, now: float) -> float | None:
+        """The peer answered ``opaque``: the round-trip time if someone waits for it."""
+        sent = self.pings.pop(opaque, None)
+        if opaque == self.ka_opaque:
+            self.ka_opaque = None
+            self.ping_due = now + (self.config.keepalive_interval or 0.0)
+        return None if sent is None else max(0.0, now - sent)
+
+    def ping_leaves(self, out: list[BytesLike], now: float) -> None:
+        """The keepalive ping goes out in ``out`` (control frames come first): it is taken
+        once everything up to here has left our buffers."""
+        self.ka_offset = self.bytes_out + sum(map(len, out))
+        if self.ka_writable:
+            self.ka_taken_at = now  # provisional: the timer checks the socket
+
+    def socket_paused(self, paused: bool, unsent: int) -> None:
+        """The socket stopped (or resumed) taking our bytes (after the budget saw it)."""
+        if paused:
+            self.ka_writable = False
+            self.arm_stall(unsent)
+
+    def lost(self) -> None:
+        """The connection is gone: no more deadlines."""
+        self.pings.clear()
+        self.stall_at = self.handshake_at = self.ping_due = self.heartbeat_at = None
+        self.ka_opaque = None
+
+    # -- reading stopped (the Pressure's listener) -------------------------------------------
+
+    def reading_stopped(self) -> None:
+        """Reading from the peer stopped: the keepalive does not judge what we did not read;
+        without credit, heartbeats tell the peer we are alive."""
+        self.ka_unread = True
+        if self.keepalive and not self.credit and self.heartbeat_at is None:
+            self.heartbeat_at = self.host.now + self._heartbeat_period()
+
+    def stalled(self) -> None:
+        """Reading stopped because the peer does not take our bytes: ``send_timeout``."""
+        if self.pressure.write_paused:
+            self.arm_stall(self.pressure.socket_unsent)
+
+    # -- deadlines ---------------------------------------------------------------------------
+
+    def next_deadline(self, quiet: bool) -> float | None:
+        """The first of our deadlines (``quiet``: no channels and no error, so
+        ``idle_timeout`` runs)."""
+        deadlines = [self.handshake_at, self.stall_at, self.ping_due, self.heartbeat_at]
+        if self.ka_opaque is not None:
+            deadlines.append(self.ka_deadline)
+        timeout = self.config.idle_timeout
+        if timeout is not None and quiet:
+            deadlines.append(self.last_activity + timeout)
+        due = [d for d in deadlines if d is not None]
+        return min(due) if due else None
+
+    def on_timer(self, now: float, unsent: int) -> None:
+        """Act on the deadlines due at ``now`` (``unsent``: the socket's unsent bytes); a
+        failure ends the session through the host."""
+        host = self.host
+        if self.handshake_at is not None and now >= self.handshake_at:
+            self.handshake_at = None
+            what = "not one whole frame" if self.first_frame_due else "no handshake"
+            host.fail(
+                SessionClosed(
+                    f"{self.format}: {what} from the peer within "
+                    f"{self.config.handshake_timeout:g} s (handshake_timeout)"
+                )
+            )
+            return
+        if self.stall_at is not None and now >= self.stall_at:
+            self._check_stall(now, unsent)
+            if host.failed:
+                return
+        if self.ka_opaque is not None and now >= self.ka_deadline:
+            self._check_keepalive(now, unsent)
+            if host.failed:
+                return
+        if self.ping_due is not None and now >= self.ping_due and self.ka_opaque is None:
+            self.ping_due = None
+            if self.ready and not host.closing:
+                self._keepalive_ping(now, unsent)
+        if self.heartbeat_at is not None and now >= self.heartbeat_at:
+            self._heartbeat(now)
+
+    def idle_check(self, now: float, quiet: bool) -> SessionClosed | None:
+        """``idle_timeout``: the error that ends a ``quiet`` session idle too long, if due."""
+        if self.pressure.bits:
+            # Not reading: nothing the peer sent can be seen; idleness counts from when we read.
+            self.last_activity = max(self.last_activity, now)
+        timeout = self.config.idle_timeout
+        if timeout is not None and quiet and now - self.last_activity >= timeout:
+            return SessionClosed(
+                f"{self.format}: closed after {timeout:g} s with no channels and no frame received "
+                "(idle_timeout)"
+            )
+        return None
+
+    # -- send_timeout ------------------------------------------------------------------------
+
+    def arm_stall(self, unsent: int) -> None:
+        """Start the ``send_timeout`` clock when reading is held back because the peer does
+        not read what we must send it."""
+        timeout = self.config.send_timeout
+        if timeout is None or self.stall_at is not None or self.host.lost:
+            return
+        if self.pressure.write_paused and self.pressure.bits & STALLED:
+            self.stall_mark = unsent
+            self.stall_at = self.host.now + timeout
+
+    def _check_stall(self, now: float, unsent: int) -> None:
+        self.stall_at = None
+        if not (self.pressure.write_paused and self.pressure.bits & STALLED):
+            return
+        if unsent < self.stall_mark:  # the peer read some: a slow reader, not a stalled one
+            self.arm_stall(unsent)
+            return
+        timeout = self.config.send_timeout
+        self.host.fail(
+            SessionClosed(
+                f"{self.format}: the peer sends but is not reading: {unsent} bytes unsent and "
+                f"no progress for {timeout:g} s (send_timeout)"
+            )
+        )
+
+    # -- keepalive ---------------------------------------------------------------------------
+
+    def _ka_timeout(self) -> float:
+        """How long the keepalive waits for its answer. Nothing answers a ping of some
+        formats (smux's NOP): the peer's next frame does, and an idle peer sends one only
+        every ITS keepalive interval (xtaci/smux: 10 s), so one interval of ours more."""
+        timeout = self.config.keepalive_timeout
+        if not self.engine.ping_answered:
+            timeout += self.config.keepalive_interval or 0.0
+        return timeout
+
+    def _stall_timeout(self) -> float:
+        """How long the peer may take none of our bytes while our ping waits behind them
+        (``stall_timeout``; by default ``keepalive_timeout`` where the format has credit, and
+        :data:`STALL_TIMEOUT_WITHOUT_CREDIT` where stopping to read is its backpressure)."""
+        stall = self.config.stall_timeout
+        if stall is not None:
+            return stall
+        return self.config.keepalive_timeout if self.credit else STALL_TIMEOUT_WITHOUT_CREDIT
+
+    def _keepalive_ping(self, now: float, unsent: int) -> None:
+        try:
+            self.ka_opaque = self.ping(now, by_application=False)
+        except RuntimeError:  # every request id in flight (Streamux): try again later
+            self.ping_due = now + (self.config.keepalive_interval or 0.0)
+            return
+        self.ka_deadline = now + self._ka_timeout()
+        self.ka_offset = self.ka_taken_at = None
+        # Out at once if the socket takes bytes now (data_to_send confirms it).
+        self.ka_writable = not self.pressure.write_paused
+        self.ka_mark = self.bytes_out - unsent
+        self.ka_progress_at = now
+        self.ka_unread = bool(self.pressure.bits)
+        self.ka_peer_pings = self.engine.peer_pings
+
+    def _heartbeat_period(self) -> float:
+        """While we do not read, a format without credit pings this often: the peer's
+        answers wait unread, but our pings tell the peer that we are alive and applying
+        backpressure (it counts them, as we count its own: :meth:`_check_keepalive`)."""
+        return min(self.config.keepalive_interval or 0.0, self.config.keepalive_timeout / 2)
+
+    def _heartbeat(self, now: float) -> None:
+        if not self.pressure.bits or self.host.closing or not self.ready:
+            self.heartbeat_at = None
+            return
+        self.engine.now = now
+        try:
+            self.engine.ping()  # its answer is not awaited (nor read, for now)
+        except RuntimeError:  # every request id in flight (Streamux): the next one, then
+            pass
+        self.heartbeat_at = now + self._heartbeat_period()
+
+    def _check_keepalive(self, now: float, unsent: int) -> None:
+        """The keepalive ping's deadline passed. Liveness judges the peer only on what it
+        could have answered:
+
+        * while we do not read (our own limits: budget, a slow application), its answer may
+          sit unread in our socket: no verdict, and the clock starts again once we read;
+        * while our ping has not left our buffers (``unsent``: the socket's unsent bytes),
+          the peer has not had it: a peer that takes our bytes slowly is applying
+          backpressure, and only one that takes none for ``stall_timeout`` is stalled;
+        * once it has, an answer is due within the timeout. On formats without credit the
+          peer's own ping counts too (a polymux peer that applies backpressure by not
+          reading pings while it does not read). A busy peer (full socket reads: the
+          answer sits behind what it sends) gets more time, never past 4 x the timeout.
+        """
+        timeout = self._ka_timeout()
+        reading_paused = self.pressure.bits
+        if reading_paused or self.ka_unread:
+            self.ka_unread = bool(reading_paused)
+            self.ka_taken_at = None
+            self.ka_deadline = now + (timeout if self.credit else self._heartbeat_period())
+            return
+        taken = self.bytes_out - unsent
+        if self.ka_offset is None or taken < self.ka_offset:
+            self.ka_taken_at = None
+            if taken != self.ka_mark:
+                self.ka_mark, self.ka_progress_at = taken, now
+            stall = self._stall_timeout()
+            idle = now - self.ka_progress_at
+            if idle < stall:
+                self.ka_deadline = now + min(timeout, stall - idle)
+                return
+            self._keepalive_failed(
+                f"keepalive failed: the peer has taken none of our bytes (our ping among them) for "
+                f"{idle:.3g} s (stall_timeout={stall:g}): it stopped reading"
+            )
+            return
+        if self.ka_taken_at is None:
+            self.ka_taken_at = now  # out of our buffers since the last check at most
+            self.ka_deadline = now + timeout
+            return
+        waited = now - self.ka_taken_at
+        if not self.credit and self.engine.peer_pings != self.ka_peer_pings:
+            # The peer pinged us since: alive, and not reading for now (its answer waits).
+            self.pings.pop(self.ka_opaque or 0, None)
+            self.ka_opaque = None
+            self.ping_due = now + (self.config.keepalive_interval or 0.0)
+            return
+        if waited < 4 * timeout and now - self.last_busy < timeout:
+            self.ka_deadline = now + timeout
+            return
+        self._keepalive_failed(
+            f"keepalive failed: no answer to a ping within {waited:.3g} s "
+            f"(keepalive_timeout={self.config.keepalive_timeout:g})"
+        )
+
+    def _keepalive_failed(self, problem: str) -> None:
+        # pragma below: on_timer calls this only while a keepalive ping is out.
+        if self.ka_opaque is not None:  # pragma: no branch
+            self.pings.pop(self.ka_opaque, None)
+        self.ka_opaque = None
+        self.host.fail(SessionClosed(f"{self.format}: {problem}"))
