@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -24,8 +23,10 @@ from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
 from polymux.config import SessionConfig
 from polymux.engine import Engine, make_engine
-from polymux.exceptions import LimitExceeded, PolymuxError, SessionClosed
-from polymux.session import NoRoomToOpen, SessionCore, events as ce
+from polymux.exceptions import SessionClosed
+from polymux.session import NoRoomToOpen, SessionCore
+from polymux.session.dispatch import Dispatcher
+from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer
 
 
 __all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
@@ -36,17 +37,6 @@ uvloop's has millisecond resolution, which measured a loopback RTT as 0 and kept
 windows from ever growing."""
 
 logger = logging.getLogger("polymux")
-
-_SLICE = 16 * 1024
-"""Bytes of input processed at a time while a session is in sliced mode."""
-
-_TURN = 0.005
-"""Seconds of work on one read after which a session's input goes in slices of
-:data:`_SLICE` bytes for the next second, as many per loop turn as fit in this time, the
-rest on the next turn: a read of tiny frames (a flood, or a peer's many small messages)
-costs up to half a millisecond per KiB, and a socket read is up to 256 KiB, so one
-connection's read would otherwise hold every other connection of the loop for a tenth of
-a second or more. Reads of large frames take microseconds and are processed whole."""
 
 
 class ChannelProtocols:
@@ -128,7 +118,8 @@ class MuxProtocol(asyncio.Protocol):
         check_handler(self.engine.format, self.engine.one_way, handler)
         self._transport: asyncio.Transport | None = None
         self._channels: dict[int, ChannelTransport] = {}
-        self._offers: dict[int, asyncio.Future[None]] = {}
+        self._offers: dict[int, asyncio.Future[None]] = {}  # our opens waiting for acceptance
+        self._dispatcher = Dispatcher(self.core, self, self._channels, self._offers)
         self._incoming: deque[tuple[str, int, StreamPair]] = deque()
         self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
         self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
@@ -140,15 +131,13 @@ class MuxProtocol(asyncio.Protocol):
         self._timer_at: float | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._eof_written = False
-        self._pending_input: memoryview | None = None  # the rest of a read, in sliced mode
+        self._slicer = InputSlicer()
         self._slice_handle: asyncio.Handle | None = None
-        self._sliced_until = 0.0  # perf_counter time until which input goes in slices
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
-        self._processing = False
-        # omnistreams: readers of control messages, and stream pairs waiting for their answer.
         self._control_waiters: deque[asyncio.Future[bytes]] = deque()
-        self._pairs: dict[str, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
+        self._pairs: dict[int, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
+        self._answers: dict[int, asyncio.Future[bytes]] = {}  # requests, by channel
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -172,6 +161,11 @@ class MuxProtocol(asyncio.Protocol):
     def _error(self) -> BaseException | None:
         return self.core.error
 
+    def _closed_error(self) -> SessionClosed:
+        error = SessionClosed(f"{self.engine.format}: the session is closed")
+        error.__cause__ = self.core.error
+        return error
+
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -191,36 +185,38 @@ class MuxProtocol(asyncio.Protocol):
         if self._capture is not None:
             self._capture.received(data)
         start = time.perf_counter()
-        if len(data) > _SLICE and start < self._sliced_until:
-            self._pending_input = memoryview(data)
+        slicer = self._slicer
+        if len(data) > SLICE and start < slicer.until:
+            slicer.hold(data)
             self._feed_slice()
             return
         core.receive_data(data, _clock())
         self.process()
-        if time.perf_counter() - start > _TURN:
-            self._sliced_until = start + 1.0
+        if time.perf_counter() - start > TURN:
+            slicer.until = start + SLICED_FOR
         if self._drain_waiters:
             self._wake()
 
     def _feed_slice(self) -> None:
-        """Process slices of a read held back (sliced mode) for at most :data:`_TURN`, and
-        the rest on the next loop turn; reading the socket stays paused until it is done."""
+        """Process slices of a read held back (sliced mode) for at most ``TURN``, and the
+        rest on the next loop turn; reading the socket stays paused until it is done."""
         self._slice_handle = None
-        pending = self._pending_input
+        slicer = self._slicer
         core = self.core
-        if pending is None or self._transport is None or core.failed:
-            self._pending_input = None
+        if self._transport is None or core.failed:
+            slicer.pending = None
             return
         start = time.perf_counter()
         elapsed = 0.0
-        while pending is not None and core.reading and not core.failed and elapsed < _TURN:
-            piece = pending[:_SLICE]
-            pending = self._pending_input = pending[_SLICE:] if len(pending) > _SLICE else None
-            core.receive_data(bytes(piece), _clock())
+        while core.reading and not core.failed and elapsed < TURN:
+            piece = slicer.next_slice()
+            if piece is None:
+                break
+            core.receive_data(piece, _clock())
             self.process()  # (schedules the next turn's slice while some are left)
             elapsed = time.perf_counter() - start
-        if elapsed > _TURN:
-            self._sliced_until = start + 1.0
+        if elapsed > TURN:
+            slicer.until = start + SLICED_FOR
         if self._drain_waiters:
             self._wake()
 
@@ -231,7 +227,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._pending_input = None
+        self._slicer.pending = None
         if self._slice_handle is not None:
             self._slice_handle.cancel()
             self._slice_handle = None
@@ -243,7 +239,7 @@ class MuxProtocol(asyncio.Protocol):
             self._timer = None
         core = self.core
         core.connection_lost(exc)
-        self.process()
+        self.process()  # every channel, open, pair and request ends
         error = SessionClosed(f"{core.format}: session ended: {core.error}")
         error.__cause__ = core.error
         for fut in self._offers.values():
@@ -266,10 +262,6 @@ class MuxProtocol(asyncio.Protocol):
             if not control.done():
                 control.set_exception(error)
         self._control_waiters.clear()
-        for pair in self._pairs.values():
-            if not pair.done():
-                pair.set_exception(error)
-        self._pairs.clear()
         self._wake_openers(everyone=True)
         self._wake()
         if not self.closed.done():
@@ -333,22 +325,15 @@ class MuxProtocol(asyncio.Protocol):
                 "%s: the capture factory failed; this session is not recorded", self.engine.format
             )
 
-    # -- the core's events -------------------------------------------------------------------
+    # -- the core's events (polymux.session.dispatch calls the on_* hooks) -------------------
 
     def process(self) -> None:
         """Act on the core's events, then follow its reading state, output and deadline."""
-        if self._processing:
-            return  # re-entered from a callback below: the outer loop takes the new events
-        self._processing = True
-        try:
-            core = self.core
-            while events := core.events():
-                for event in events:
-                    self._on_event(event)
-        finally:
-            self._processing = False
+        if not self._dispatcher.run():
+            return  # re-entered from a hook: the outer call takes the new events
+        core = self.core
         reading = core.reading
-        if self._pending_input is not None:
+        if self._slicer.pending is not None:
             # A read held back (sliced mode): its next slice on the next loop turn; the
             # socket is not read meanwhile.
             if reading and self._slice_handle is None and not core.failed:
@@ -365,62 +350,45 @@ class MuxProtocol(asyncio.Protocol):
             self.want_flush()
         self._arm_timer()
 
-    def _on_event(self, event: ce.CoreEvent) -> None:
-        channels = self._channels
-        if isinstance(event, ce.Data):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel.data(event.data, event.more, event.n)
-            else:
-                self.core.consumed(event.handle, event.n)
-        elif isinstance(event, ce.Finished):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                if not event.lingering:
-                    del channels[event.handle]
-                channel.finished(
-                    event.error, event.write_error, drop_unread=event.drop_unread, lingering=event.lingering
-                )
-            fut = self._offers.pop(event.handle, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(event.error or SessionClosed(f"{self.core.format}: the channel ended"))
-        elif isinstance(event, ce.Ended):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel.remote_end()
-        elif isinstance(event, ce.WriteResumed):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel.resume_writing_now()
-        elif isinstance(event, ce.Incoming):
-            self._on_incoming(event.handle, event.name)
-        elif isinstance(event, ce.Accepted):
-            fut = self._offers.pop(event.handle, None)
-            if fut is not None and not fut.done():
+    def on_open_settled(self, handle: int, error: BaseException | None) -> None:
+        """An open we wait for was accepted (``error`` None) or failed."""
+        fut = self._offers.pop(handle)
+        if not fut.done():
+            if error is None:
                 fut.set_result(None)
-        elif isinstance(event, ce.OpenFailed):
-            fut = self._offers.pop(event.handle, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(event.error)
-        elif isinstance(event, ce.WritingStopped):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel.writing_stopped(event.error)
-        elif isinstance(event, ce.PingAnswered):
-            ping = self._pings.pop(event.opaque, None)
-            if ping is not None and not ping.done():
-                ping.set_result(event.rtt)
-        elif isinstance(event, ce.ControlArrived):
-            self._serve_control_waiters()
-        elif isinstance(event, ce.RoomToOpen):
-            self._wake_openers(error=event.error, everyone=event.everyone)
-        elif isinstance(event, ce.Ready):
-            if not self.ready.done():
-                self.ready.set_result(None)
-        elif isinstance(event, ce.Failed):
-            self._on_failed(event.error)
+            else:
+                fut.set_exception(error)
 
-    def _on_failed(self, error: BaseException) -> None:
+    def on_ping_answered(self, opaque: int, rtt: float) -> None:
+        """A ping of ours was answered."""
+        ping = self._pings.pop(opaque, None)
+        if ping is not None and not ping.done():
+            ping.set_result(rtt)
+
+    def on_control(self) -> None:
+        """A control message waits: the first reader waiting gets it."""
+        while self._control_waiters:
+            waiter = self._control_waiters[0]
+            if waiter.done():
+                self._control_waiters.popleft()
+                continue
+            data = self.core.take_control()
+            if data is None:
+                return
+            self._control_waiters.popleft()
+            waiter.set_result(data)
+
+    def on_room_to_open(self, error: Exception | None, everyone: bool) -> None:
+        """Waiting opens may try again."""
+        self._wake_openers(error=error, everyone=everyone)
+
+    def on_ready(self) -> None:
+        """The handshake is done."""
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def on_failed(self, error: BaseException) -> None:
+        """The session failed: log it, and close the connection now."""
         if isinstance(error, SessionClosed) and (
             "idle_timeout" in str(error) or (not self.is_client and "handshake_timeout" in str(error))
         ):
@@ -477,28 +445,51 @@ class MuxProtocol(asyncio.Protocol):
 
     # -- incoming channels -------------------------------------------------------------------
 
-    def _on_incoming(self, handle: int, name: str) -> None:
+    def _stream(self, channel: ChannelTransport) -> tuple[ChannelStreamReader, ChannelStreamProtocol]:
+        """Wire a stdlib reader and its protocol onto ``channel``."""
+        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
+        protocol = ChannelStreamProtocol(reader, loop=self.loop)
+        channel.attach(protocol, reader)
+        return reader, protocol
+
+    def on_incoming(self, handle: int, name: str) -> None:
+        """The peer opened a channel: a protocol, a handler task, or the accept backlog."""
         channel = ChannelTransport(self, handle, name, local=False)
         self._channels[handle] = channel
-        role = self._pair_role(handle) if self.engine.one_way else None
-        if role is not None:
-            self._on_pair_offer(role[0], role[1], name, channel)
-            return
         handler = self._handler
         if isinstance(handler, ChannelProtocols):
             self._attach_protocol(channel, handler)
             return
-        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        protocol = ChannelStreamProtocol(reader, loop=self.loop)
-        channel.attach(protocol, reader)
-        writer = asyncio.StreamWriter(channel, protocol, reader, self.loop)
-        if handler is not None:
+        reader, protocol = self._stream(channel)
+        self._deliver(name, handle, (reader, asyncio.StreamWriter(channel, protocol, reader, self.loop)))
+
+    def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
+        """The peer opened a stream pair (the core answered it): read ``handle``, write
+        ``reply``; ``writer.close()`` ends both."""
+        inbound = ChannelTransport(self, handle, name, local=False)
+        self._channels[handle] = inbound
+        reader, _protocol = self._stream(inbound)
+        out = ChannelTransport(self, reply, self.engine.channel_name(reply), local=True)
+        self._channels[reply] = out
+        _out_reader, protocol = self._stream(out)
+        out.partner = inbound
+        self._deliver(name, handle, (reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
+
+    def _deliver(self, name: str, handle: int, pair: StreamPair) -> None:
+        """An incoming ``(reader, writer)``: to the handler, or to ``accept_channel``."""
+        if self._handler is not None:
             # Our own task, not StreamReaderProtocol's client_connected_cb: its done-callback
             # logs a handler cancelled at shutdown as an error (CPython 3.11).
-            self._start_handler(reader, writer)
+            task = self.loop.create_task(self._run_handler(*pair))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return
-        self._incoming.append((name, handle, (reader, writer)))
+        self._incoming.append((name, handle, pair))
         self._serve_accept_waiters()
+
+    def on_pair_failed(self, name: str, error: Exception) -> None:
+        """The peer's stream pair could not be answered (the core reset its half)."""
+        logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, error)
 
     def _attach_protocol(self, channel: ChannelTransport, handler: ChannelProtocols) -> None:
         """Connect a ChannelProtocols protocol; one that fails to start resets its channel
@@ -508,11 +499,6 @@ class MuxProtocol(asyncio.Protocol):
         except Exception as exc:
             logger.error("%s: channel protocol failed on %s", self.engine.format, channel, exc_info=exc)
             channel.reset(exc)
-
-    def _start_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = self.loop.create_task(self._run_handler(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _run_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Run the channel handler; an exception it raises resets the channel, carrying
@@ -565,28 +551,12 @@ class MuxProtocol(asyncio.Protocol):
         self._accept_waiters.append((name, waiter))
         return await waiter
 
-    # -- omnistreams: control messages and stream pairs --------------------------------------
+    # -- control messages --------------------------------------------------------------------
 
     def send_control(self, data: bytes) -> None:
         """Send a control message (formats that have them: omnistreams)."""
-        if not self.engine.has_controls:
-            raise PolymuxError(f"{self.engine.format} has no control messages")
-        if self._transport is None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.core.error
         self.core.send_control(data)
         self.process()
-
-    def _serve_control_waiters(self) -> None:
-        while self._control_waiters:
-            waiter = self._control_waiters[0]
-            if waiter.done():
-                self._control_waiters.popleft()
-                continue
-            data = self.core.take_control()
-            if data is None:
-                return
-            self._control_waiters.popleft()
-            waiter.set_result(data)
 
     async def receive_control(self) -> bytes:
         """The next control message from the peer."""
@@ -595,59 +565,27 @@ class MuxProtocol(asyncio.Protocol):
             self.process()  # reading may resume
             return data
         if self._transport is None:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.core.error
+            raise self._closed_error()
         waiter: asyncio.Future[bytes] = self.loop.create_future()
         self._control_waiters.append(waiter)
         return await waiter
 
-    def _pair_role(self, handle: int) -> tuple[str, str] | None:
-        """``("pair", token)`` for the first half of a stream pair, ``("reply", token)`` for
-        the answer to one of ours, None for a plain stream."""
-        meta = self.engine.metadata_object(handle) if self.engine.is_live(handle) else None
-        if not meta:
-            return None
-        for key, role in (("pair", "pair"), ("replyTo", "reply")):
-            token = meta.get(key)
-            if isinstance(token, str):
-                return role, token
-        return None
+    # -- opening channels, pairs and requests ------------------------------------------------
 
-    def _on_pair_offer(self, role: str, token: str, name: str, channel: ChannelTransport) -> None:
-        reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        channel.attach(ChannelStreamProtocol(reader, loop=self.loop), reader)
-        if role == "reply":
-            waiter = self._pairs.pop(token, None)
-            if waiter is None or waiter.done():
-                channel.abort()  # an answer nobody waits for
-            else:
-                waiter.set_result((reader, channel))
-            return
-        task = self.loop.create_task(self._answer_pair(name, token, reader, channel))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer_pair(
-        self, name: str, token: str, reader: ChannelStreamReader, inbound: ChannelTransport
-    ) -> None:
-        """The peer opened the first half of a pair: open the other half back, then hand
-        ``(reader, writer)`` to the handler or to ``accept_channel``."""
-        out_reader = ChannelStreamReader(limit=self.config.stream_limit, loop=self.loop)
-        protocol = ChannelStreamProtocol(out_reader, loop=self.loop)
-        try:
-            out = await self.open_channel(name, protocol, out_reader, metadata={"replyTo": token})
-        except PolymuxError as exc:
-            logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, exc)
-            inbound.abort()
-            return
-        out.partner = inbound
-        writer = asyncio.StreamWriter(out, protocol, reader, self.loop)
-        if self._handler is not None:
-            await self._run_handler(reader, writer)
-            return
-        self._incoming.append((name, inbound.handle, (reader, writer)))
-        self._serve_accept_waiters()
-
-    # -- opening channels --------------------------------------------------------------------
+    async def _open(self, open_: Callable[[], int]) -> int:
+        """Call ``open_`` (a core call that opens a channel) once the handshake is done
+        and there is room (``max_unacked_opens``); return its handle."""
+        await self.ready
+        woken = False
+        if self._open_room:  # others wait for room: behind them
+            await self._room_to_open()
+            woken = True
+        while True:
+            try:
+                return open_()
+            except NoRoomToOpen:
+                await self._room_to_open(front=woken)  # woken for a slot another took: keep our place
+                woken = True
 
     async def open_channel(
         self,
@@ -659,25 +597,13 @@ class MuxProtocol(asyncio.Protocol):
     ) -> ChannelTransport:
         """Offer a channel and wait until the peer accepts it (``metadata``: extra keys of
         omnistreams creation metadata)."""
-        await self.ready
         core = self.core
-        woken = False
-        if self._open_room:  # others wait for room: behind them
-            await self._room_to_open()
-            woken = True
-        while True:
-            try:
-                handle = core.open_channel(name, metadata)
-                break
-            except NoRoomToOpen:
-                await self._room_to_open(front=woken)  # woken for a slot another took: keep our place
-                woken = True
+        handle = await self._open(lambda: core.open_channel(name, metadata))
         channel = ChannelTransport(self, handle, core.engine.channel_name(handle), local=True)
         self._channels[handle] = channel
         # Attach before the acceptance: data may follow it in the same read.
         channel.attach(protocol, reader)
-        accepted = core.channels[handle].accepted
-        if accepted:  # usable at once (mplex, yamux)
+        if core.channels[handle].accepted:  # usable at once (mplex, yamux)
             self.process()
             return channel
         fut: asyncio.Future[None] = self.loop.create_future()
@@ -690,6 +616,64 @@ class MuxProtocol(asyncio.Protocol):
             channel.abort()  # rescinds the offer
             raise
         return channel
+
+    async def open_pair(self, name: str) -> StreamPair:
+        """A stream pair (one-way formats): see :meth:`Session.open_pair`."""
+        core = self.core
+        handle = await self._open(lambda: core.open_pair(name))
+        out = ChannelTransport(self, handle, core.engine.channel_name(handle), local=True)
+        self._channels[handle] = out
+        _out_reader, protocol = self._stream(out)
+        answer: asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]] = self.loop.create_future()
+        self._pairs[handle] = answer
+        self.process()
+        try:
+            reader, inbound = await answer
+        except BaseException:
+            self._pairs.pop(handle, None)
+            out.abort()
+            raise
+        out.partner = inbound
+        return reader, asyncio.StreamWriter(out, protocol, reader, self.loop)
+
+    def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
+        """Our pair got its second half (ours to read), or failed."""
+        answer = self._pairs.pop(handle, None)
+        if inbound is None:
+            if answer is not None and not answer.done():
+                answer.set_exception(error or self._closed_error())
+            return
+        channel = ChannelTransport(self, inbound, self.engine.channel_name(inbound), local=False)
+        self._channels[inbound] = channel
+        reader, _protocol = self._stream(channel)
+        if answer is None or answer.done():
+            channel.abort()  # an answer nobody waits for any more
+        else:
+            answer.set_result((reader, channel))
+
+    async def request(self, body: bytes, name: str, limit: int | None) -> bytes:
+        """A request: see :meth:`Session.request`."""
+        core = self.core
+        handle = await self._open(lambda: core.request(name, body, limit))
+        answer: asyncio.Future[bytes] = self.loop.create_future()
+        self._answers[handle] = answer
+        self.process()
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if self._answers.pop(handle, None) is not None:
+                core.cancel_request(handle)  # cancel the request on the wire
+                self.process()
+            raise
+
+    def on_answered(self, handle: int, answer: bytes | None, error: Exception | None) -> None:
+        """A request is over."""
+        fut = self._answers.pop(handle, None)
+        if fut is not None and not fut.done():
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(answer or b"")
 
     async def _room_to_open(self, front: bool = False) -> None:
         """Wait, in order, until fewer than ``max_unacked_opens`` of our opens await the
@@ -802,7 +786,7 @@ class MuxProtocol(asyncio.Protocol):
         """Ping the peer; return the round-trip time in seconds."""
         core = self.core
         if self._transport is None or core.failed:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from core.error
+            raise self._closed_error()
         opaque = core.ping(_clock())
         fut: asyncio.Future[float] = self.loop.create_future()
         self._pings[opaque] = fut
@@ -961,25 +945,9 @@ class Session:
         handler or ``accept_channel`` gets the matching pair. ``writer.close()`` ends both
         streams. A peer that does not answer pairs (not polymux) never completes it: bound
         the wait with ``asyncio.timeout``. Other formats: the same as :meth:`open_channel`."""
-        mux = self._mux
-        if not mux.engine.one_way:
+        if not self._mux.engine.one_way:
             return await self.open_channel(name)
-        token = os.urandom(8).hex()
-        answer: asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]] = mux.loop.create_future()
-        mux._pairs[token] = answer
-        reader = ChannelStreamReader(limit=mux.config.stream_limit, loop=mux.loop)
-        protocol = ChannelStreamProtocol(reader, loop=mux.loop)
-        out: ChannelTransport | None = None
-        try:
-            out = await mux.open_channel(name, protocol, reader, metadata={"pair": token})
-            in_reader, inbound = await answer
-        except BaseException:
-            mux._pairs.pop(token, None)
-            if out is not None:
-                out.abort()
-            raise
-        out.partner = inbound
-        return in_reader, asyncio.StreamWriter(out, protocol, in_reader, mux.loop)
+        return await self._mux.open_pair(name)
 
     def send_control(self, data: bytes) -> None:
         """Send a control message: session-level bytes (omnistreams)."""
@@ -992,29 +960,10 @@ class Session:
 
     async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
         """Send ``body`` on a new channel, end it, and return everything the peer answers
-        (Streamux's request/response, usable on any format). ``limit`` bounds the answer:
-        a longer one raises :class:`~polymux.exceptions.LimitExceeded`."""
-        reader, writer = await self.open_channel(name)
-        done = False
-        try:
-            if body:
-                writer.write(body)
-            writer.write_eof()
-            if limit is None:
-                answer = await reader.read()
-            else:
-                answer = await reader.read(limit + 1)
-                while len(answer) <= limit and (more := await reader.read(limit + 1 - len(answer))):
-                    answer += more
-                if len(answer) > limit:
-                    raise LimitExceeded(f"{self.protocol}: the answer exceeds limit={limit} bytes")
-            done = True
-            return answer
-        finally:
-            if done:
-                writer.close()
-            else:
-                writer.transport.abort()  # cancelled or failed: cancel the request on the wire
+        (Streamux's request/response, usable on any two-way format). ``limit`` bounds the
+        answer: a longer one raises :class:`~polymux.exceptions.LimitExceeded`. Cancelling
+        the call resets the channel (a Streamux cancel)."""
+        return await self._mux.request(body, name, limit)
 
     async def create_channel(
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], name: str = ""

@@ -30,11 +30,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
-from polymux.aio.session import _SLICE, _TURN
 from polymux.config import SessionConfig
 from polymux.engine import Engine, check_protocol, make_engine
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
-from polymux.session import NoRoomToOpen, SessionCore, events as ce
+from polymux.session import NoRoomToOpen, SessionCore
+from polymux.session.dispatch import Dispatcher
+from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer
 
 
 logger = logging.getLogger("polymux")
@@ -42,7 +43,7 @@ logger = logging.getLogger("polymux")
 _clock = time.monotonic
 """The core's clock (the asyncio driver's too)."""
 
-__all__ = ["AnyioChannel", "AnyioSession", "ChannelAttribute", "ChannelStream", "session"]
+__all__ = ["AnyioChannel", "AnyioPair", "AnyioSession", "ChannelAttribute", "ChannelStream", "session"]
 
 
 class ChannelAttribute(anyio.TypedAttributeSet):
@@ -128,7 +129,7 @@ class ChannelStream(ByteStream):
 class AnyioChannel(ByteStream):
     """One channel of an :class:`AnyioSession`."""
 
-    def __init__(self, session: AnyioSession, handle: int, name: str) -> None:
+    def __init__(self, session: AnyioSession, handle: int, name: str, *, local: bool) -> None:
         self._session = session
         self._core = session.core
         self._handle = handle
@@ -144,23 +145,55 @@ class AnyioChannel(ByteStream):
         self._done = False
         self._error: BaseException | None = None
         self._write_error: BaseException | None = None  # writing failed, reading may go on
+        # One-way streams (omnistreams): the opener only writes, the acceptor only reads.
+        self._refuse_read: str | None = None
+        self._refuse_write: str | None = None
+        engine = self._core.engine
+        if engine.one_way:
+            fmt = engine.format
+            if local:
+                self._refuse_read = (
+                    f"{fmt}: {self._label} is send-only: {fmt} streams carry data from their opener "
+                    "to their acceptor (open_pair() makes a two-way channel)"
+                )
+            else:
+                self._refuse_write = (
+                    f"{fmt}: {self._label} is receive-only: {fmt} streams carry data from their "
+                    "opener to their acceptor (open_pair() makes a two-way channel)"
+                )
         # send() returns once the scheduler took all of it (within the peer's credit), as
         # an anyio stream's send does: no write buffer beyond what is in flight.
         self._core.set_write_limits(handle, 0, 0)
 
-    # Called by the session (the core's events).
+    # Called by the session (polymux.session.dispatch: the core's events).
 
-    def _data(self, data: BytesLike, more: tuple[BytesLike, ...]) -> None:
+    def data(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
+        """The session's hook: ``n`` bytes arrived (copied into the channel's buffer)."""
+        if self._closed:
+            self._core.consumed(self._handle, n)  # dropped: keep the peer's credit flowing
+            return
         self._buffer += data
         for part in more:
             self._buffer += part
         self._readable.set()
 
-    def _ended(self) -> None:
+    def remote_end(self) -> None:
+        """The session's hook: the peer finished writing."""
         self._eof = True
         self._readable.set()
 
-    def _finished(self, error: BaseException | None, write_error: BaseException | None, drop: bool) -> None:
+    def finished(
+        self,
+        error: BaseException | None,
+        write_error: BaseException | None,
+        *,
+        drop_unread: bool = False,
+        lingering: bool = False,
+    ) -> None:
+        """The session's hook: the channel is over (``lingering``: the core still waits for
+        the peer's end of a closed channel; nothing to do here)."""
+        if lingering:
+            return
         self._done = True
         if write_error is not None and self._write_error is None:
             self._write_error = write_error
@@ -168,15 +201,17 @@ class AnyioChannel(ByteStream):
             self._error = error
         if error is None:
             self._eof = True  # a clean end: what arrived stays readable, then EndOfStream
-        if drop:
+        if drop_unread:
             self._buffer.clear()
         self._readable.set()
         self._writable.set()
 
-    def _resume_writing(self) -> None:
+    def resume_writing_now(self) -> None:
+        """The session's hook: ``send()`` may return."""
         self._writable.set()
 
-    def _writing_stopped(self, error: BaseException) -> None:
+    def writing_stopped(self, error: Exception) -> None:
+        """The session's hook: the peer reads no more of the channel."""
         self._write_error = error
         self._writable.set()
 
@@ -186,6 +221,8 @@ class AnyioChannel(ByteStream):
         """Up to ``max_bytes`` bytes; credit goes back to the peer as they are taken."""
         if self._closed:
             raise anyio.ClosedResourceError
+        if self._refuse_read is not None:
+            raise _broken(ChannelClosedError(self._refuse_read))
         while not self._buffer:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -208,6 +245,8 @@ class AnyioChannel(ByteStream):
         above their high-water marks, i.e. while the peer cannot take more."""
         if self._closed or self._sent_eof:
             raise anyio.ClosedResourceError
+        if self._refuse_write is not None:
+            raise _broken(ChannelClosedError(self._refuse_write))
         if self._error is not None:
             raise _broken(self._error)
         if self._write_error is not None:
@@ -228,8 +267,8 @@ class AnyioChannel(ByteStream):
 
     async def send_eof(self) -> None:
         """Half-close: we will send no more."""
-        if self._sent_eof:
-            return
+        if self._sent_eof or self._refuse_write is not None:
+            return  # (nothing to end on the receive-only half of a one-way stream)
         self._sent_eof = True
         if not self._done:
             self._core.write_eof(self._handle)
@@ -264,12 +303,57 @@ class AnyioChannel(ByteStream):
         }
 
 
+class AnyioPair(ByteStream):
+    """A stream pair of an :class:`AnyioSession` (one-way formats: omnistreams): two one-way
+    streams as one two-way ``ByteStream``. ``receive()`` reads the peer's stream,
+    ``send()`` writes ours; ``aclose()`` and :meth:`reset` end both."""
+
+    def __init__(self, reader: AnyioChannel, writer: AnyioChannel) -> None:
+        self.reader = reader
+        """The peer's stream (we read it)."""
+        self.writer = writer
+        """Our stream (we write it)."""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes of the peer's stream."""
+        return await self.reader.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        """Send ``item`` on our stream."""
+        await self.writer.send(item)
+
+    async def send_eof(self) -> None:
+        """End our stream (the peer's goes on until it ends it)."""
+        await self.writer.send_eof()
+
+    async def aclose(self) -> None:
+        """Close both streams."""
+        await self.writer.aclose()
+        await self.reader.aclose()
+
+    async def reset(self, message: str | None = None) -> None:
+        """Terminate both streams at once."""
+        await self.writer.reset(message)
+        await self.reader.reset(message)
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        return self.writer.extra_attributes
+
+
+Incoming = AnyioChannel | AnyioPair
+"""What :meth:`AnyioSession.accept_channel` returns: a channel, or (one-way formats) the
+peer's stream pair."""
+
+
 class AnyioSession:
     """A polymux session run by anyio over any ``ByteStream``; use :func:`session`.
 
     The driver of :class:`~polymux.session.SessionCore` for anyio: a task reads the
     stream into the core (pausing while the core says so), a task writes the core's
-    output, a task follows the core's deadlines; channels are :class:`AnyioChannel`."""
+    output, a task follows the core's deadlines; the core's events reach the ``on_*``
+    hooks through :class:`~polymux.session.dispatch.Dispatcher`. Channels are
+    :class:`AnyioChannel` (and :class:`AnyioPair` for stream pairs)."""
 
     def __init__(
         self,
@@ -293,13 +377,14 @@ class AnyioSession:
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
-        self._offers: dict[int, anyio.Event] = {}
-        self._open_errors: dict[int, Exception] = {}
+        self._offers: dict[int, anyio.Event] = {}  # our opens waiting for acceptance
+        self._open_errors: dict[int, BaseException] = {}
+        self._dispatcher = Dispatcher(self.core, self, self._channels, self._offers)
         self._room = anyio.Event()  # set when waiting opens may try again
         self._room_error: Exception | None = None
-        send, receive = anyio.create_memory_object_stream[AnyioChannel](config.accept_backlog + 1)
-        self._incoming_send: MemoryObjectSendStream[AnyioChannel] = send
-        self._incoming: MemoryObjectReceiveStream[AnyioChannel] = receive
+        send, receive = anyio.create_memory_object_stream[Incoming](config.accept_backlog + 1)
+        self._incoming_send: MemoryObjectSendStream[Incoming] = send
+        self._incoming: MemoryObjectReceiveStream[Incoming] = receive
         self._ready = anyio.Event()
         self._send_lock = anyio.Lock()
         self._output = anyio.Event()  # the core may have bytes for the writer task
@@ -308,10 +393,12 @@ class AnyioSession:
         self._deadline = anyio.Event()  # the core's next deadline may have moved
         self._done = anyio.Event()
         self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
+        self._pairs: dict[int, tuple[anyio.Event, list[AnyioChannel | Exception]]] = {}
+        self._answers: dict[int, tuple[anyio.Event, list[bytes | Exception]]] = {}
+        self._control = anyio.Event()  # set when a control message may wait
         self._capture: CaptureSink | None = None
-        self._processing = False
         self._in_flight = 0  # bytes of the batch the stream is sending
-        self._sliced_until = 0.0  # perf_counter time until which input goes in slices
+        self._slicer = InputSlicer()
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
@@ -349,20 +436,22 @@ class AnyioSession:
         """The latest measured round-trip time (formats with pings), or None."""
         return self.engine.rtt
 
-    async def open_channel(self, name: str = "") -> AnyioChannel:
-        """Open a channel; returns once the peer accepted it (where the format asks).
+    def _closed_error(self) -> SessionClosed:
+        error = SessionClosed(f"{self.engine.format}: the session is closed")
+        error.__cause__ = self.error
+        return error
 
-        Raises :class:`~polymux.exceptions.LimitExceeded` when no more may be opened now
-        (``max_unacked_opens`` opens unacknowledged for ``stream_open_timeout``, or the
-        channel limits), :class:`~polymux.exceptions.SessionClosed` when the session ends."""
+    # -- opening channels, pairs and requests ------------------------------------------------
+
+    async def _open(self, open_: Callable[[], int]) -> int:
+        """Call ``open_`` (a core call that opens a channel) once the handshake is done and
+        there is room (``max_unacked_opens``); return its handle."""
         await self._wait_ready()
-        core = self.core
         try:
             with anyio.fail_after(self.config.stream_open_timeout):
                 while True:
                     try:
-                        handle = core.open_channel(name)
-                        break
+                        return open_()
                     except NoRoomToOpen:
                         # One event for every waiting open (each making its own would
                         # leave all but the last unwoken): a new one once it has fired.
@@ -379,7 +468,18 @@ class AnyioSession:
                 f"opened channels await the peer's acknowledgement, none within "
                 f"stream_open_timeout={config.stream_open_timeout:g} s"
             ) from None
-        channel = AnyioChannel(self, handle, core.engine.channel_name(handle))
+
+    async def open_channel(self, name: str = "") -> AnyioChannel:
+        """Open a channel; returns once the peer accepted it (where the format asks).
+
+        Raises :class:`~polymux.exceptions.LimitExceeded` when no more may be opened now
+        (``max_unacked_opens`` opens unacknowledged for ``stream_open_timeout``, or the
+        channel limits), :class:`~polymux.exceptions.SessionClosed` when the session ends.
+        On one-way formats (omnistreams) the channel is ours to write only: see
+        :meth:`open_pair`."""
+        core = self.core
+        handle = await self._open(lambda: core.open_channel(name))
+        channel = AnyioChannel(self, handle, core.engine.channel_name(handle), local=True)
         self._channels[handle] = channel
         if core.channels[handle].accepted:
             self._process()
@@ -396,24 +496,74 @@ class AnyioSession:
             raise self._open_errors.pop(handle)
         return channel
 
-    async def accept_channel(self) -> AnyioChannel:
-        """The next channel the peer opened."""
+    async def open_pair(self, name: str = "") -> AnyioChannel | AnyioPair:
+        """A two-way channel on any format. On omnistreams, whose streams are one-way, this
+        opens a stream to the peer and waits for the polymux peer to open one back: an
+        :class:`AnyioPair` (the peer's ``accept_channel`` gets the matching pair). A peer
+        that does not answer pairs (not polymux) never completes it: bound the wait
+        (``anyio.fail_after``). Other formats: the same as :meth:`open_channel`."""
+        if not self.engine.one_way:
+            return await self.open_channel(name)
+        core = self.core
+        handle = await self._open(lambda: core.open_pair(name))
+        out = AnyioChannel(self, handle, core.engine.channel_name(handle), local=True)
+        self._channels[handle] = out
+        answered, result = self._pairs[handle] = (anyio.Event(), [])
+        self._process()
         try:
-            channel = await self._incoming.receive()
+            await answered.wait()
+        except BaseException:
+            self._pairs.pop(handle, None)
+            await out.reset()
+            raise
+        got = result[0] if result else self._closed_error()
+        if isinstance(got, Exception):
+            raise _broken(got)
+        return AnyioPair(got, out)
+
+    async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
+        """Send ``body`` on a new channel, end it, and return everything the peer answers
+        (Streamux's request/response, usable on any two-way format). ``limit`` bounds the
+        answer: a longer one raises :class:`~polymux.exceptions.LimitExceeded`. Cancelling
+        the call resets the channel. Errors are polymux's (:class:`~polymux.ChannelReset`,
+        :class:`~polymux.ChannelRejected`, :class:`~polymux.SessionClosed` ...)."""
+        core = self.core
+        handle = await self._open(lambda: core.request(name, body, limit))
+        answered, result = self._answers[handle] = (anyio.Event(), [])
+        self._process()
+        try:
+            await answered.wait()
+        except BaseException:
+            if self._answers.pop(handle, None) is not None:
+                core.cancel_request(handle)  # cancel the request on the wire
+                self._process()
+            raise
+        got = result[0] if result else self._closed_error()
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    async def accept_channel(self) -> Incoming:
+        """The next channel the peer opened (on one-way formats, its stream pairs too)."""
+        try:
+            incoming = await self._incoming.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
+        channel = incoming.reader if isinstance(incoming, AnyioPair) else incoming
         self.core.taken(channel._handle)
-        return channel
+        return incoming
 
-    def __aiter__(self) -> AsyncIterator[AnyioChannel]:
+    def __aiter__(self) -> AsyncIterator[Incoming]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[AnyioChannel]:
+    async def _iterate(self) -> AsyncIterator[Incoming]:
         while True:
             try:
                 yield await self.accept_channel()
             except SessionClosed:
                 return
+
+    # -- pings and control messages ----------------------------------------------------------
 
     async def ping(self) -> float:
         """Ping the peer; the round-trip time in seconds (formats with pings)."""
@@ -437,6 +587,25 @@ class AnyioSession:
             raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
         return rtt[0]
 
+    def send_control(self, data: bytes) -> None:
+        """Send a control message: session-level bytes (omnistreams)."""
+        self.core.send_control(data)
+        self._process()
+
+    async def receive_control(self) -> bytes:
+        """Wait for the peer's next control message (omnistreams). Raises
+        :class:`~polymux.exceptions.SessionClosed` when the session ends first."""
+        while True:
+            data = self.core.take_control()
+            if data is not None:
+                self._process()  # reading may resume
+                return data
+            if self._done.is_set():
+                raise self._closed_error()
+            if self._control.is_set():
+                self._control = anyio.Event()
+            await self._control.wait()
+
     async def aclose(self) -> None:
         """Say goodbye where the format can, and close the stream."""
         with anyio.CancelScope(shield=True):
@@ -453,89 +622,96 @@ class AnyioSession:
                 await self._stream.aclose()
                 self._end(None)
 
-    # -- the core's events -------------------------------------------------------------------
+    # -- the core's events (polymux.session.dispatch calls the on_* hooks) -------------------
 
     def _process(self) -> None:
-        if self._processing:
-            return
-        self._processing = True
-        try:
-            core = self.core
-            while events := core.events():
-                for event in events:
-                    self._on_event(event)
-        finally:
-            self._processing = False
-        if self.core.reading:
+        if not self._dispatcher.run():
+            return  # re-entered from a hook: the outer call takes the new events
+        core = self.core
+        if core.reading:
             self._can_read.set()
         elif self._can_read.is_set():
             self._can_read = anyio.Event()
-        if self.core.has_output:
+        if core.has_output:
             self._output.set()
         self._deadline.set()
 
-    def _on_event(self, event: ce.CoreEvent) -> None:
-        channels = self._channels
-        if isinstance(event, ce.Data):
-            channel = channels.get(event.handle)
-            if channel is None or channel._closed:
-                self.core.consumed(event.handle, event.n)
-            else:
-                channel._data(event.data, event.more)
-        elif isinstance(event, ce.Finished):
-            channel = channels.get(event.handle) if event.lingering else channels.pop(event.handle, None)
-            if channel is not None and not event.lingering:
-                channel._finished(event.error, event.write_error, event.drop_unread)
-            if event.error is not None:
-                self._open_done(event.handle, event.error)
-            else:
-                self._open_done(event.handle, SessionClosed(f"{self.core.format}: the channel ended"))
-        elif isinstance(event, ce.Ended):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel._ended()
-        elif isinstance(event, ce.WriteResumed):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel._resume_writing()
-        elif isinstance(event, ce.Incoming):
-            channel = AnyioChannel(self, event.handle, event.name)
-            channels[event.handle] = channel
-            try:
-                self._incoming_send.send_nowait(channel)
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self.core.reset(event.handle)  # the core bounds the backlog; this is a closed session
-        elif isinstance(event, ce.Accepted):
-            accepted = self._offers.pop(event.handle, None)
-            if accepted is not None:
-                accepted.set()
-        elif isinstance(event, ce.OpenFailed):
-            self._open_done(event.handle, event.error)
-        elif isinstance(event, ce.WritingStopped):
-            channel = channels.get(event.handle)
-            if channel is not None:
-                channel._writing_stopped(event.error)
-        elif isinstance(event, ce.PingAnswered):
-            entry = self._pings.get(event.opaque)
+    def _queue_incoming(self, incoming: Incoming, *handles: int) -> None:
+        try:
+            self._incoming_send.send_nowait(incoming)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            for handle in handles:  # the core bounds the backlog; this is a closed session
+                self.core.reset(handle)
+
+    def on_incoming(self, handle: int, name: str) -> None:
+        """The peer opened a channel: to ``accept_channel``."""
+        channel = AnyioChannel(self, handle, name, local=False)
+        self._channels[handle] = channel
+        self._queue_incoming(channel, handle)
+
+    def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
+        """The peer opened a stream pair (the core answered it): to ``accept_channel``."""
+        reader = self._channels[handle] = AnyioChannel(self, handle, name, local=False)
+        writer = self._channels[reply] = AnyioChannel(self, reply, name, local=True)
+        self._queue_incoming(AnyioPair(reader, writer), handle, reply)
+
+    def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
+        """Our pair got its second half, or failed."""
+        entry = self._pairs.pop(handle, None)
+        if inbound is None:
             if entry is not None:
-                entry[1].append(event.rtt)
+                entry[1].append(error or self._closed_error())
                 entry[0].set()
-        elif isinstance(event, ce.RoomToOpen):
-            if event.error is not None:
-                self._room_error = event.error
-            self._room.set()
-        elif isinstance(event, ce.Ready):
-            self._ready.set()
-        elif isinstance(event, ce.Failed):
-            self._fail(event.error)
+            return
+        channel = self._channels[inbound] = AnyioChannel(
+            self, inbound, self.engine.channel_name(inbound), local=False
+        )
+        if entry is None:
+            self.core.reset(inbound)  # an answer nobody waits for any more
+            return
+        entry[1].append(channel)
+        entry[0].set()
 
-    def _open_done(self, handle: int, error: Exception) -> None:
-        accepted = self._offers.pop(handle, None)
-        if accepted is not None:
+    def on_pair_failed(self, name: str, error: Exception) -> None:
+        """The peer's stream pair could not be answered (the core reset its half)."""
+        logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, error)
+
+    def on_answered(self, handle: int, answer: bytes | None, error: Exception | None) -> None:
+        """A request is over."""
+        entry = self._answers.pop(handle, None)
+        if entry is not None:
+            entry[1].append(error if error is not None else answer or b"")
+            entry[0].set()
+
+    def on_open_settled(self, handle: int, error: BaseException | None) -> None:
+        """An open we wait for was accepted (``error`` None) or failed."""
+        accepted = self._offers.pop(handle)
+        if error is not None:
             self._open_errors[handle] = error
-            accepted.set()
+        accepted.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def on_ping_answered(self, opaque: int, rtt: float) -> None:
+        """A ping of ours was answered."""
+        entry = self._pings.get(opaque)
+        if entry is not None:
+            entry[1].append(rtt)
+            entry[0].set()
+
+    def on_control(self) -> None:
+        """A control message waits: wake ``receive_control``."""
+        self._control.set()
+
+    def on_room_to_open(self, error: Exception | None, everyone: bool) -> None:
+        """Waiting opens may try again (``error``: the first fails with it)."""
+        if error is not None:
+            self._room_error = error
+        self._room.set()
+
+    def on_ready(self) -> None:
+        """The handshake is done."""
+        self._ready.set()
+
+    def on_failed(self, error: BaseException) -> None:
         """The core ended the session: its last words go out, then the stream closes."""
         if self.error is None and self.core.failed:
             self.error = error
@@ -626,31 +802,36 @@ class AnyioSession:
                 if self._capture is not None:
                     self._capture.received(data)
                 start = time.perf_counter()
-                if len(data) > _SLICE and start < self._sliced_until:
-                    await self._feed_sliced(memoryview(data))
+                slicer = self._slicer
+                if len(data) > SLICE and start < slicer.until:
+                    slicer.hold(data)
+                    await self._feed_sliced()
                 else:
                     core.receive_data(data, _clock())
                     self._process()
-                if time.perf_counter() - start > _TURN:
-                    self._sliced_until = start + 1.0
+                if time.perf_counter() - start > TURN:
+                    slicer.until = start + SLICED_FOR
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
 
-    async def _feed_sliced(self, data: memoryview) -> None:
-        """A read in slices of :data:`_SLICE` bytes, letting other tasks run whenever
-        :data:`~polymux.aio.session._TURN` has passed, each slice once the core reads
-        again."""
+    async def _feed_sliced(self) -> None:
+        """A read held back in slices (:mod:`polymux.session.slicing`), letting other tasks
+        run whenever ``TURN`` has passed, each slice once the core reads again."""
         core = self.core
+        slicer = self._slicer
         turn = time.perf_counter()
-        for offset in range(0, len(data), _SLICE):
-            if offset:
-                if time.perf_counter() - turn > _TURN:
+        first = True
+        while (piece := slicer.next_slice()) is not None:
+            if not first:
+                if time.perf_counter() - turn > TURN:
                     await anyio.lowlevel.checkpoint()
                     turn = time.perf_counter()
                 await self._can_read.wait()
                 if self._done.is_set():
+                    slicer.pending = None
                     return
-            core.receive_data(bytes(data[offset : offset + _SLICE]), _clock())
+            first = False
+            core.receive_data(piece, _clock())
             self._process()
 
     def _end(self, exc: BaseException | None) -> None:
@@ -666,9 +847,10 @@ class AnyioSession:
         )
         error.__cause__ = self.error
         for handle in list(self._offers):
-            self._open_done(handle, error)
+            self.on_open_settled(handle, error)
         for entry in self._pings.values():
             entry[0].set()
+        self._control.set()
         self._room.set()
         self._incoming_send.close()
         self._ready.set()

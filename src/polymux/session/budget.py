@@ -98,7 +98,7 @@ class BudgetHost(Protocol):
     def emit(self, event: ce.CoreEvent) -> None:
         """Tell the driver."""
 
-    def overflow(self, channel: CoreChannel, problem: str) -> None:
+    def reset_held(self, channel: CoreChannel, problem: str) -> None:
         """Reset ``channel``: it held more than the format allows (``problem``)."""
 
 
@@ -278,7 +278,7 @@ class Budget:
         try:
             hold = self.engine.may_hold(channel.handle, channel.buffered)
         except LimitExceeded as exc:
-            self.host.overflow(channel, str(exc).removeprefix(f"{self.format}: "))
+            self.host.reset_held(channel, str(exc).removeprefix(f"{self.format}: "))
             return True
         if hold and not channel.holding:
             # Held back, it counts in full towards the format's limits, not towards

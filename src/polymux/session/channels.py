@@ -285,9 +285,6 @@ class ChannelTable:
         """A heap of ``(when, kind, handle)``, checked lazily: entries of channels that are
         gone stay until due (or until they are most of it)."""
 
-    def __len__(self) -> int:
-        return len(self.channels)
-
     def add(self, channel: CoreChannel) -> None:
         """A new channel (ours, or the peer's once accepted)."""
         self.channels[channel.handle] = channel
@@ -311,10 +308,6 @@ class ChannelTable:
             timers[:] = [t for t in timers if t[2] in live]
             heapq.heapify(timers)
         heapq.heappush(timers, (when, kind, handle))
-
-    def next_timer(self) -> float | None:
-        """When the first per-channel deadline is due."""
-        return self.timers[0][0] if self.timers else None
 
     def due(self, now: float) -> Iterator[tuple[Timer, CoreChannel]]:
         """The deadlines due at ``now`` of channels still live, in order; lazily, so that

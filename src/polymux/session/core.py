@@ -702,7 +702,7 @@ class SessionCore:
             # the peer ends too (its data is dropped meanwhile).
             self.emit(ce.Finished(channel.handle, lingering=True))
 
-    def overflow(self, channel: CoreChannel, problem: str) -> None:
+    def reset_held(self, channel: CoreChannel, problem: str) -> None:
         """The format holds more of ``channel``'s bytes than it allows: reset it."""
         self._engine_reset(channel, problem)
         self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
@@ -720,7 +720,7 @@ class SessionCore:
         peer down: apply ``slow_reader``."""
         config = self.config
         if config.slow_reader == "reset" and config.slow_reader_timeout == 0:
-            self._slow_reader_reset(channel)
+            self._overflow(channel)
             return
         if channel.slow:
             return
@@ -729,7 +729,7 @@ class SessionCore:
         if config.slow_reader == "reset":
             self.table.add_timer(self.now + config.slow_reader_timeout, Timer.OVERFLOW, channel.handle)
 
-    def _slow_reader_reset(self, channel: CoreChannel) -> None:
+    def _overflow(self, channel: CoreChannel) -> None:
         """slow_reader="reset": drop this channel so the others can go on."""
         config = self.config
         message = (
@@ -761,7 +761,7 @@ class SessionCore:
         elif kind == Timer.CLOSE:
             self.reset(channel.handle)  # the peer never ended its side
         elif channel.slow and self.now - channel.slow_since >= config.slow_reader_timeout:
-            self._slow_reader_reset(channel)  # OVERFLOW: still full since its timer was set
+            self._overflow(channel)  # OVERFLOW: still full since its timer was set
 
     def _settle_open(self, handle: int, timed_out: bool = False) -> None:
         room = self.offers.settle(handle, timed_out)

@@ -1,0 +1,54 @@
+"""How much of one connection's input a driver processes per loop turn.
+
+A read of tiny frames (a flood, or a peer's many small messages) costs up to half a
+millisecond per KiB, and a socket read is up to 256 KiB: processed whole, one connection's
+read would hold every other connection of the loop for a tenth of a second or more. So a
+read that took over :data:`TURN` puts the session's input in slices of :data:`SLICE` bytes
+for the next :data:`SLICED_FOR` seconds, as many per loop turn as fit in :data:`TURN`, the
+rest on the next turn (the socket is not read meanwhile). Reads of large frames take
+microseconds and are processed whole.
+
+The driver keeps the clock (``time.perf_counter``) and the loop turns, and checks the
+policy inline on every read (it is the hot path): a read larger than :data:`SLICE` before
+:attr:`InputSlicer.until` goes in slices (:meth:`InputSlicer.hold`); work on a read (or a
+turn of slices) that took over :data:`TURN` since ``start`` sets ``until`` to
+``start + SLICED_FOR``.
+"""
+
+from __future__ import annotations
+
+
+__all__ = ["SLICE", "SLICED_FOR", "TURN", "InputSlicer"]
+
+SLICE = 16 * 1024
+"""Bytes of input processed at a time while a session is in sliced mode."""
+
+TURN = 0.005
+"""Seconds of work on one read (or per loop turn, in sliced mode) before slicing."""
+
+SLICED_FOR = 1.0
+"""Seconds a session stays in sliced mode after a read that took over :data:`TURN`."""
+
+
+class InputSlicer:
+    """One session's sliced mode, and the rest of a read held back."""
+
+    __slots__ = ("pending", "until")
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        """The ``perf_counter`` time until which input goes in slices."""
+        self.pending: memoryview | None = None
+        """The rest of a read, in sliced mode."""
+
+    def hold(self, data: bytes) -> None:
+        """Keep ``data`` (a read in sliced mode) for :meth:`next_slice`."""
+        self.pending = memoryview(data)
+
+    def next_slice(self) -> bytes | None:
+        """The next slice of what is held, or None."""
+        pending = self.pending
+        if pending is None:
+            return None
+        self.pending = pending[SLICE:] if len(pending) > SLICE else None
+        return bytes(pending[:SLICE])
