@@ -221,7 +221,7 @@ def test_a_request_whose_channel_ends_cleanly_before_the_peers_end_has_its_answe
 
 
 def test_requests_end_with_the_session() -> None:
-    a, b = pair("yamux")
+    a, _b = pair("yamux")
     x = a.request("", b"q")
     a.connection_lost(None)
     answered = one(a.events(), ce.Answered)
@@ -268,4 +268,3 @@ def test_a_held_response_written_after_its_request_ended_is_sent_as_any() -> Non
     assert b.write(y, bytes(10)) is True  # no longer held: over its mark, it pauses
     pump(a, b)
     assert len(received(a.events(), x)) == 3010
-

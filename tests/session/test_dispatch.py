@@ -1,0 +1,183 @@
+"""The one event dispatch of both drivers (session/dispatch.py), with a recording driver:
+every event reaches the hook it names, a channel's events reach its channel object (and
+what nobody holds is credited back), a finished channel leaves the driver's table; and the
+input-slicing policy (session/slicing.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polymux._types import BytesLike
+from polymux.exceptions import ChannelRejected, LimitExceeded, SessionClosed
+from polymux.session import SessionCore, events as ce
+from polymux.session.dispatch import Dispatcher
+from polymux.session.slicing import SLICE, InputSlicer
+
+from .corekit import open_to, pair, pump
+
+
+class Chan:
+    def __init__(self, log: list[tuple[Any, ...]], handle: int) -> None:
+        self.log = log
+        self.handle = handle
+
+    def data(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
+        self.log.append(("data", self.handle, bytes(data) + b"".join(bytes(m) for m in more), n))
+
+    def remote_end(self) -> None:
+        self.log.append(("remote_end", self.handle))
+
+    def finished(
+        self,
+        error: Exception | None,
+        write_error: Exception | None,
+        *,
+        drop_unread: bool = False,
+        lingering: bool = False,
+    ) -> None:
+        self.log.append(("finished", self.handle, error, write_error, drop_unread, lingering))
+
+    def resume_writing_now(self) -> None:
+        self.log.append(("resume", self.handle))
+
+    def writing_stopped(self, error: Exception) -> None:
+        self.log.append(("writing_stopped", self.handle, error))
+
+
+class Recorder:
+    """A driver that records every hook call."""
+
+    def __init__(self, core: SessionCore) -> None:
+        self.core = core
+        self.log: list[tuple[Any, ...]] = []
+        self.channels: dict[int, Chan] = {}
+        self.opening: set[int] = set()
+        self.dispatcher = Dispatcher(core, self, self.channels, self.opening)
+        self.reentered: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+
+        def hook(*args: Any) -> None:
+            self.log.append((name, *args))
+            if name == "on_incoming":
+                self.channels[args[0]] = Chan(self.log, args[0])
+            if name == "on_ready":
+                self.reentered.append(self.dispatcher.run())
+
+        return hook
+
+
+def run(
+    core: SessionCore, *events: ce.CoreEvent, channels: tuple[int, ...] = (), opening: tuple[int, ...] = ()
+) -> list[tuple[Any, ...]]:
+    rec = Recorder(core)
+    for handle in channels:
+        rec.channels[handle] = Chan(rec.log, handle)
+    rec.opening.update(opening)
+    for event in events:
+        core.emit(event)
+    assert rec.dispatcher.run() is True
+    return rec.log
+
+
+def test_every_session_event_reaches_its_hook() -> None:
+    a, _b = pair("yamux")
+    error = LimitExceeded("x")
+    assert run(
+        a,
+        ce.Incoming(1, "in"),
+        ce.PingAnswered(7, 0.5),
+        ce.ControlArrived(),
+        ce.RoomToOpen(error, everyone=True),
+        ce.Answered(3, b"answer", None),
+        ce.IncomingPair(5, 6, "pair"),
+        ce.PairAnswered(9, 10, None),
+        ce.PairFailed("p", error),
+        ce.Ready(),
+        ce.Failed(error),
+    ) == [
+        ("on_incoming", 1, "in"),
+        ("on_ping_answered", 7, 0.5),
+        ("on_control",),
+        ("on_room_to_open", error, True),
+        ("on_answered", 3, b"answer", None),
+        ("on_incoming_pair", 5, 6, "pair"),
+        ("on_pair_answered", 9, 10, None),
+        ("on_pair_failed", "p", error),
+        ("on_ready",),
+        ("on_failed", error),
+    ]
+
+
+def test_a_hook_that_calls_back_in_takes_nothing() -> None:
+    """A hook that re-enters the dispatch gets False; the outer run goes on with the
+    events queued meanwhile."""
+    a, _b = pair("yamux")
+    rec = Recorder(a)
+    a.emit(ce.Ready())
+    assert rec.dispatcher.run() is True
+    assert rec.reentered == [False] and not rec.dispatcher.busy
+
+
+def test_channel_events_reach_the_channel_and_opens_settle_only_when_awaited() -> None:
+    a, _b = pair("yamux")
+    stopped = ConnectionError("stop")
+    rejected = ChannelRejected("yamux", "channel 3", "x")
+    log = run(
+        a,
+        ce.Data(1, b"ab", (memoryview(b"cd"),), 4),
+        ce.Ended(1),
+        ce.WriteResumed(1),
+        ce.WritingStopped(1, stopped),
+        ce.Accepted(2),
+        ce.Accepted(4),  # nobody waits for it
+        ce.OpenFailed(3, rejected),
+        ce.OpenFailed(4, rejected),  # nobody waits for it
+        ce.Finished(1, lingering=True),
+        ce.Finished(1),
+        ce.Finished(3),
+        ce.Finished(8),  # no channel, no open
+        channels=(1,),
+        opening=(2, 3),
+    )
+    assert log[:8] == [
+        ("data", 1, b"abcd", 4),
+        ("remote_end", 1),
+        ("resume", 1),
+        ("writing_stopped", 1, stopped),
+        ("on_open_settled", 2, None),
+        ("on_open_settled", 3, rejected),
+        ("finished", 1, None, None, False, True),
+        ("finished", 1, None, None, False, False),
+    ]
+    (settled,) = log[8:]
+    assert settled[:2] == ("on_open_settled", 3) and isinstance(settled[2], SessionClosed)
+    assert str(settled[2]) == "yamux: the channel ended"
+
+
+def test_events_of_channels_the_driver_does_not_hold_change_nothing_but_credit() -> None:
+    """Data for a channel the driver no longer holds is consumed at once (the peer's
+    credit keeps flowing); its other events are dropped."""
+    a, b = pair("yamux", receive_window=256 * 1024)
+    x, y = open_to(a, b)
+    b.write(y, bytes(200_000))
+    pump(a, b)
+    assert a.channels[x].unconsumed == 200_000
+    data = [e for e in a.events() if isinstance(e, ce.Data)]
+    log = run(a, *data, ce.Ended(x), ce.WriteResumed(x), ce.WritingStopped(x, ConnectionError()))
+    assert log == []
+    assert a.channels[x].unconsumed == 0  # credited back
+
+
+def test_input_slices() -> None:
+    slicer = InputSlicer()
+    assert slicer.next_slice() is None
+    data = bytes(range(256)) * (2 * SLICE // 256 + 1)
+    slicer.hold(data)
+    got = []
+    while (piece := slicer.next_slice()) is not None:
+        assert len(piece) <= SLICE
+        got.append(piece)
+    assert b"".join(got) == data and len(got) == 3 and slicer.pending is None
