@@ -2,7 +2,8 @@
 (``polymux.connect`` / ``start_server``, channels as StreamReader/StreamWriter) and the
 anyio one (``polymux.anyio.session`` over anyio TCP streams, channels as ByteStreams).
 Both only move bytes, time and events between the core and their I/O, so what a session
-does (limits, filters, budgets, keepalive, half-close, resets, pings) must not differ.
+does (limits, filters, budgets, keepalive, half-close, resets, pings, omnistreams stream
+pairs and control messages, requests) must not differ.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import polymux.anyio as pmanyio
 pytestmark = pytest.mark.timeout(60)
 
 DRIVERS = ("asyncio", "anyio")
-FORMATS = ("mstream-v3", "mplex", "yamux", "streamux", "smux-v2")
+FORMATS = ("mstream-v3", "mplex", "yamux", "streamux", "smux-v2", "omnistreams")
+"""On omnistreams, whose streams are one-way, a channel of these tests is a stream pair."""
 
 
 class Chan:
@@ -86,12 +88,28 @@ class Side:
         return isinstance(self.session, polymux.Session)
 
     async def open(self, name: str = "") -> Chan:
-        if self.is_asyncio:
-            return Chan(await self.session.open_channel(name))
+        """A two-way channel: a stream pair on one-way formats (both drivers have
+        ``open_pair``; on the other formats it is ``open_channel``)."""
+        return Chan(await self.session.open_pair(name))
+
+    async def open_one_way(self, name: str = "") -> Chan:
+        """A plain channel (on omnistreams: a stream we may only write)."""
         return Chan(await self.session.open_channel(name))
 
     async def accept(self) -> Chan:
         return Chan(await self.session.accept_channel())
+
+    async def request(self, body: bytes, name: str = "", limit: int | None = None) -> bytes:
+        return bytes(await self.session.request(body, name, limit=limit))
+
+    def send_control(self, data: bytes) -> None:
+        self.session.send_control(data)
+
+    async def receive_control(self) -> bytes:
+        return bytes(await self.session.receive_control())
+
+    async def aclose(self) -> None:
+        await self.session.aclose()
 
     async def ping(self) -> float:
         return float(await self.session.ping())
@@ -180,11 +198,12 @@ async def test_channels_carry_bytes_both_ways_with_half_close(driver: str, proto
             await asyncio.gather(*(serve_one() for _ in payloads), *(one(i) for i in range(len(payloads))))
 
 
+@pytest.mark.parametrize("protocol", ("mstream-v3", "omnistreams"))
 @pytest.mark.parametrize("driver", DRIVERS)
-async def test_the_offer_filter_refuses(driver: str) -> None:
-    """An offer the server's filter refuses fails to open (mstream: rejected) and leaves the
-    session usable."""
-    async with pair(driver, "mstream-v3", offer_filter=lambda name: name != "nope") as (client, server):
+async def test_the_offer_filter_refuses(driver: str, protocol: str) -> None:
+    """An offer the server's filter refuses fails to open (mstream: rejected; an
+    omnistreams pair: its first half reset) and leaves the session usable."""
+    async with pair(driver, protocol, offer_filter=lambda name: name != "nope") as (client, server):
         with pytest.raises((polymux.ChannelRejected, anyio.BrokenResourceError, polymux.PolymuxError)):
             async with asyncio.timeout(10):
                 await client.open("nope")
@@ -224,9 +243,10 @@ async def test_ping_measures_a_round_trip(driver: str, protocol: str) -> None:
         assert 0 < rtt < 5
 
 
+@pytest.mark.parametrize("protocol", ("mstream-v3", "omnistreams"))
 @pytest.mark.parametrize("driver", DRIVERS)
-async def test_a_reset_reaches_the_reader_as_an_error(driver: str) -> None:
-    async with pair(driver, "mstream-v3") as (client, server):
+async def test_a_reset_reaches_the_reader_as_an_error(driver: str, protocol: str) -> None:
+    async with pair(driver, protocol) as (client, server):
         chan = await client.open("r")
         peer = await server.accept()
         await chan.send(b"x")
@@ -322,3 +342,156 @@ async def test_a_server_session_whose_peer_sends_nothing_ends_at_handshake_timeo
         async with asyncio.timeout(10):
             await client.closed()  # the server's close reaches the client: its own end
         assert "handshake_timeout" not in str(client.error)
+
+
+# -- omnistreams: one-way streams, stream pairs, control messages --------------------------------
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_the_wrong_half_of_a_one_way_stream_fails_clearly(driver: str) -> None:
+    """A plain omnistreams stream carries data from its opener to its acceptor: the
+    opener's read and the acceptor's write fail, saying so (never a silent EOF or a hang);
+    the right direction works."""
+    async with pair(driver, "omnistreams") as (client, server):
+        chan = await client.open_one_way("one-way")
+        with pytest.raises((polymux.ChannelClosedError, anyio.BrokenResourceError)) as info:
+            async with asyncio.timeout(10):
+                await chan.recv()
+        assert "is send-only" in str(info.value)
+        peer = await server.accept()
+        with pytest.raises((polymux.ChannelClosedError, anyio.BrokenResourceError)) as info:
+            async with asyncio.timeout(10):
+                await peer.send(b"nope")
+        assert "is receive-only" in str(info.value)
+        await chan.send(b"data")
+        await chan.send_eof()
+        async with asyncio.timeout(10):
+            assert await peer.recv_all() == b"data"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_stream_pairs_half_close_and_close_both_streams(driver: str) -> None:
+    """An omnistreams pair: each side's end of writing ends one stream (the other goes on);
+    closing the pair ends both streams on both sides (no stream left in either engine)."""
+    async with pair(driver, "omnistreams") as (client, server):
+        chan = await client.open("chat")
+        peer = await server.accept()
+        async with asyncio.timeout(10):
+            await chan.send(b"hello")
+            assert await peer.recv(5) == b"hello"
+            await chan.send_eof()
+            assert await peer.recv() == b""
+            await peer.send(b"still open")
+            assert await chan.recv(10) == b"still open"
+            await peer.send_eof()
+            assert await chan.recv() == b""
+            await chan.close()
+            await peer.close()
+            while client.core.engine.channel_count or server.core.engine.channel_count:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert not client.core.pairs.handles and not client.core.channels and not server.core.channels
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_control_messages_both_ways_until_the_session_ends(driver: str) -> None:
+    async with pair(driver, "omnistreams") as (client, server):
+        async with asyncio.timeout(10):
+            client.send_control(b"hello")
+            client.send_control(b"")
+            assert await server.receive_control() == b"hello"
+            assert await server.receive_control() == b""
+            server.send_control(b"\x00\xff")
+            assert await client.receive_control() == b"\x00\xff"
+            pending = asyncio.ensure_future(server.receive_control())
+            await asyncio.sleep(0)
+            await client.aclose()
+            with pytest.raises(polymux.SessionClosed):
+                await pending
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_control_messages_need_the_format(driver: str) -> None:
+    async with pair(driver, "yamux") as (client, _server):
+        with pytest.raises(polymux.PolymuxError, match="yamux has no control messages"):
+            client.send_control(b"x")
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+
+async def reverse_echo(server: Side, count: int) -> None:
+    """Answer ``count`` requests: everything the request sent, reversed."""
+
+    async def one() -> None:
+        chan = await server.accept()
+        data = await chan.recv_all()
+        await chan.send(data[::-1])
+        await chan.send_eof()
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+@pytest.mark.parametrize("protocol", ("streamux", "yamux", "mstream-v3", "mplex", "smux-v2"))
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_requests_return_the_whole_answer(driver: str, protocol: str) -> None:
+    """request(): 16 at once, up to 1 MiB each way (beyond every window: credit must come
+    back while the answer is collected). (Not an empty body: on Streamux an empty request
+    is a ping, answered by the peer's session itself.)"""
+    async with pair(driver, protocol) as (client, server):
+        bodies = [os.urandom(size) for size in (1, 1000, 65_536, 300_000, 1024 * 1024)] * 4
+        bodies = bodies[:16]
+        async with asyncio.timeout(30):
+            serving = asyncio.ensure_future(reverse_echo(server, len(bodies)))
+            answers = await asyncio.gather(*(client.request(body, f"r{i}") for i, body in enumerate(bodies)))
+            await serving
+        assert answers == [body[::-1] for body in bodies]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_request_answer_past_its_limit_fails_and_the_session_goes_on(driver: str) -> None:
+    async with pair(driver, "yamux") as (client, server):
+        async with asyncio.timeout(10):
+            serving = asyncio.ensure_future(reverse_echo(server, 1))
+            with pytest.raises(polymux.LimitExceeded, match="the answer exceeds limit=499 bytes"):
+                await client.request(bytes(500), limit=499)
+            with contextlib.suppress(polymux.PolymuxError, ConnectionError, anyio.BrokenResourceError):
+                await serving  # its answer was cut by the reset
+            serving = asyncio.ensure_future(reverse_echo(server, 1))
+            assert await client.request(b"abc", limit=3) == b"cba"
+            await serving
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_refused_request_raises_the_refusal(driver: str) -> None:
+    async with pair(driver, "mstream-v3", offer_filter=lambda name: name != "nope") as (client, _server):
+        with pytest.raises(polymux.ChannelRejected):
+            async with asyncio.timeout(10):
+                await client.request(b"q", "nope")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_cancelling_a_request_resets_its_channel(driver: str) -> None:
+    """Cancelling the call resets the request on the wire: the serving side sees the
+    reset; the client keeps no channel for it."""
+    async with pair(driver, "yamux") as (client, server):
+        task = asyncio.ensure_future(client.request(b"question"))
+        async with asyncio.timeout(10):
+            peer = await server.accept()
+            assert await peer.recv_all() == b"question"  # the request and its end
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not client.core.channels and not client.core.requests.answers
+            while server.core.channels:  # noqa: ASYNC110 - the core's state has no event
+                await asyncio.sleep(0.01)
+            with pytest.raises((polymux.ChannelReset, anyio.BrokenResourceError)) as info:
+                await peer.send(b"too late")
+        reset = info.value if driver == "asyncio" else info.value.__cause__
+        assert isinstance(reset, polymux.ChannelReset)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_no_requests_on_one_way_streams(driver: str) -> None:
+    async with pair(driver, "omnistreams") as (client, _server):
+        with pytest.raises(polymux.ChannelClosedError, match="a request has no way back"):
+            await client.request(b"q")

@@ -501,7 +501,9 @@ class AnyioSession:
         opens a stream to the peer and waits for the polymux peer to open one back: an
         :class:`AnyioPair` (the peer's ``accept_channel`` gets the matching pair). A peer
         that does not answer pairs (not polymux) never completes it: bound the wait
-        (``anyio.fail_after``). Other formats: the same as :meth:`open_channel`."""
+        (``anyio.fail_after``). Other formats: the same as :meth:`open_channel`. Errors
+        are polymux's, as :meth:`open_channel`'s (a refused pair: the reset of its first
+        half)."""
         if not self.engine.one_way:
             return await self.open_channel(name)
         core = self.core
@@ -518,7 +520,7 @@ class AnyioSession:
             raise
         got = result[0] if result else self._closed_error()
         if isinstance(got, Exception):
-            raise _broken(got)
+            raise got
         return AnyioPair(got, out)
 
     async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
