@@ -105,7 +105,11 @@ async def polymux_rr(
         writer.close()
 
     async with (
-        await polymux.start_server(serve, "127.0.0.1", 0, protocol=protocol) as server,
+        # (inbound_channel_rate: one channel per request is the point here, not an abuse;
+        # past 10,000 requests per second the default limit ends the session.)
+        await polymux.start_server(
+            serve, "127.0.0.1", 0, protocol=protocol, inbound_channel_rate=1e9
+        ) as server,
         await polymux.connect("127.0.0.1", server.port, protocol=protocol) as session,
     ):
         req = bytes(request)

@@ -146,7 +146,8 @@ def test_a_request_sends_its_body_and_end_and_collects_the_whole_answer(fmt: str
     pump(a, b)
     events = a.events()
     assert not of(events, ce.Data)
-    assert one(events, ce.Answered) == ce.Answered(x, answer, None)
+    answered = one(events, ce.Answered)
+    assert (answered.handle, answered.error) == (x, None) and b"".join(answered.parts or []) == answer
     assert x not in a.requests and a.budget.unread == 0
     pump(a, b)
     assert not a.channels and not b.channels
@@ -160,7 +161,7 @@ def test_an_empty_request_and_an_answer_within_its_limit() -> None:
     b.write(y, b"12345")
     b.write_eof(y)
     pump(a, b)
-    assert one(a.events(), ce.Answered) == ce.Answered(x, b"12345", None)
+    assert one(a.events(), ce.Answered) == ce.Answered(x, [b"12345"], None)
 
 
 def test_an_answer_past_its_limit_fails_and_resets_the_channel() -> None:
@@ -171,7 +172,7 @@ def test_an_answer_past_its_limit_fails_and_resets_the_channel() -> None:
     b.write(y, b"123456")
     pump(a, b)
     answered = one(a.events(), ce.Answered)
-    assert answered.handle == x and answered.answer is None
+    assert answered.handle == x and answered.parts is None
     assert isinstance(answered.error, LimitExceeded)
     assert str(answered.error) == "yamux: the answer exceeds limit=5 bytes"
     assert x not in a.channels
@@ -217,7 +218,7 @@ def test_a_request_whose_channel_ends_cleanly_before_the_peers_end_has_its_answe
     pump(a, b)
     assert a.channels[x].receiving is Receiving.ANSWER
     a.reset(x)
-    assert one(a.events(), ce.Answered) == ce.Answered(x, b"partial", None)
+    assert one(a.events(), ce.Answered) == ce.Answered(x, [b"partial"], None)
 
 
 def test_requests_end_with_the_session() -> None:

@@ -393,6 +393,31 @@ async def test_stream_pairs_half_close_and_close_both_streams(driver: str) -> No
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
+async def test_pairs_one_after_another_beyond_the_accept_backlog(driver: str) -> None:
+    """Our answered pairs never count in our accept backlog (the peer's half of each is
+    ours, not an incoming channel): twice accept_backlog pairs in a row on sessions that
+    take incoming channels with accept (on asyncio the fifth used to hang)."""
+    async with pair(driver, "omnistreams", accept_backlog=4) as (client, server):
+
+        async def serve() -> None:
+            for _ in range(8):
+                peer = await server.accept()
+                await peer.send(await peer.recv_all())
+                await peer.close()
+
+        serving = asyncio.ensure_future(serve())
+        async with asyncio.timeout(20):
+            for i in range(8):
+                chan = await client.open(f"p{i}")
+                await chan.send(b"%d" % i)
+                await chan.send_eof()
+                assert await chan.recv_all() == b"%d" % i
+                await chan.close()
+            await serving
+        assert client.core.table.untaken == 0 and server.core.table.untaken == 0
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 async def test_control_messages_both_ways_until_the_session_ends(driver: str) -> None:
     async with pair(driver, "omnistreams") as (client, server):
         async with asyncio.timeout(10):

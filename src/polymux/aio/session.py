@@ -137,7 +137,7 @@ class MuxProtocol(asyncio.Protocol):
         self._capture: CaptureSink | None = None
         self._control_waiters: deque[asyncio.Future[bytes]] = deque()
         self._pairs: dict[int, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
-        self._answers: dict[int, asyncio.Future[bytes]] = {}  # requests, by channel
+        self._answers: dict[int, asyncio.Future[list[bytes]]] = {}  # requests, by channel
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -655,25 +655,25 @@ class MuxProtocol(asyncio.Protocol):
         """A request: see :meth:`Session.request`."""
         core = self.core
         handle = await self._open(lambda: core.request(name, body, limit))
-        answer: asyncio.Future[bytes] = self.loop.create_future()
+        answer: asyncio.Future[list[bytes]] = self.loop.create_future()
         self._answers[handle] = answer
         self.process()
         try:
-            return await answer
+            return b"".join(await answer)  # joined here, not in the read that completed it
         except asyncio.CancelledError:
             if self._answers.pop(handle, None) is not None:
                 core.cancel_request(handle)  # cancel the request on the wire
                 self.process()
             raise
 
-    def on_answered(self, handle: int, answer: bytes | None, error: Exception | None) -> None:
+    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
         """A request is over."""
         fut = self._answers.pop(handle, None)
         if fut is not None and not fut.done():
             if error is not None:
                 fut.set_exception(error)
             else:
-                fut.set_result(answer or b"")
+                fut.set_result(parts or [])
 
     async def _room_to_open(self, front: bool = False) -> None:
         """Wait, in order, until fewer than ``max_unacked_opens`` of our opens await the

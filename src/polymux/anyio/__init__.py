@@ -154,12 +154,12 @@ class AnyioChannel(ByteStream):
             if local:
                 self._refuse_read = (
                     f"{fmt}: {self._label} is send-only: {fmt} streams carry data from their opener "
-                    "to their acceptor (open_pair() makes a two-way channel)"
+                    "to their acceptor (open a stream the other way to read)"
                 )
             else:
                 self._refuse_write = (
                     f"{fmt}: {self._label} is receive-only: {fmt} streams carry data from their "
-                    "opener to their acceptor (open_pair() makes a two-way channel)"
+                    "opener to their acceptor (open a stream the other way to write)"
                 )
         # send() returns once the scheduler took all of it (within the peer's credit), as
         # an anyio stream's send does: no write buffer beyond what is in flight.
@@ -394,7 +394,7 @@ class AnyioSession:
         self._done = anyio.Event()
         self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
         self._pairs: dict[int, tuple[anyio.Event, list[AnyioChannel | Exception]]] = {}
-        self._answers: dict[int, tuple[anyio.Event, list[bytes | Exception]]] = {}
+        self._answers: dict[int, tuple[anyio.Event, list[list[bytes] | Exception]]] = {}
         self._control = anyio.Event()  # set when a control message may wait
         self._capture: CaptureSink | None = None
         self._in_flight = 0  # bytes of the batch the stream is sending
@@ -543,7 +543,7 @@ class AnyioSession:
         got = result[0] if result else self._closed_error()
         if isinstance(got, Exception):
             raise got
-        return got
+        return b"".join(got)  # joined here, not in the read that completed it
 
     async def accept_channel(self) -> Incoming:
         """The next channel the peer opened (on one-way formats, its stream pairs too)."""
@@ -678,11 +678,11 @@ class AnyioSession:
         """The peer's stream pair could not be answered (the core reset its half)."""
         logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, error)
 
-    def on_answered(self, handle: int, answer: bytes | None, error: Exception | None) -> None:
+    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
         """A request is over."""
         entry = self._answers.pop(handle, None)
         if entry is not None:
-            entry[1].append(error if error is not None else answer or b"")
+            entry[1].append(error if error is not None else parts or [])
             entry[0].set()
 
     def on_open_settled(self, handle: int, error: BaseException | None) -> None:

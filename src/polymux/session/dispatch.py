@@ -67,8 +67,8 @@ class Driver(Protocol):
     def on_pair_failed(self, name: str, error: Exception) -> None:
         """The peer's stream pair could not be answered (for the log)."""
 
-    def on_answered(self, handle: int, answer: bytes | None, error: Exception | None) -> None:
-        """A request is over."""
+    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
+        """A request is over (``parts``: its answer, to join)."""
 
     def on_ping_answered(self, opaque: int, rtt: float) -> None:
         """A ping was answered."""
@@ -173,7 +173,7 @@ class Dispatcher(Generic[C]):
                     elif isinstance(event, ce.RoomToOpen):
                         driver.on_room_to_open(event.error, event.everyone)
                     elif isinstance(event, ce.Answered):
-                        driver.on_answered(event.handle, event.answer, event.error)
+                        driver.on_answered(event.handle, event.parts, event.error)
                     elif isinstance(event, ce.IncomingPair):
                         driver.on_incoming_pair(event.handle, event.reply, event.name)
                     elif isinstance(event, ce.PairAnswered):

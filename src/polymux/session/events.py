@@ -164,11 +164,13 @@ class PairFailed(CoreEvent):
 
 @dataclass(frozen=True, slots=True)
 class Answered(CoreEvent):
-    """A request (``SessionCore.request``, on channel ``handle``) is over: ``answer`` is
-    everything the peer sent back, or ``error`` says why there is none."""
+    """A request (``SessionCore.request``, on channel ``handle``) is over: ``parts`` is
+    everything the peer sent back, in order (join them: the driver does it in the task
+    that waits, not in the read that completed the answer), or ``error`` says why there
+    is none."""
 
     handle: int
-    answer: bytes | None
+    parts: list[bytes] | None
     error: Exception | None
 
 

@@ -5,7 +5,7 @@ the channel, queues the body and our end, and moves the channel's receiving half
 :attr:`~polymux.session.channels.Receiving.ANSWER`: what arrives is collected here (its
 credit goes back at once) instead of going to a reader. The answer is complete at the
 peer's end, or when the channel finishes cleanly; an
-:class:`~polymux.session.events.Answered` event carries it, or the error (the open was
+:class:`~polymux.session.events.Answered` event carries its parts, or the error (the open was
 refused, the channel was reset, the session ended, the answer passed its ``limit``).
 """
 
@@ -64,8 +64,7 @@ class Requests:
 
     def ended(self, handle: int) -> ce.Answered:
         """The peer ended its writing: the answer is complete."""
-        answer = self.answers.pop(handle)
-        return ce.Answered(handle, b"".join(answer.parts), None)
+        return ce.Answered(handle, self.answers.pop(handle).parts, None)
 
     def finished(self, handle: int, error: Exception | None) -> ce.Answered | None:
         """The channel finished: a clean end completes the answer, an error fails it."""
@@ -75,7 +74,7 @@ class Requests:
         error = error or answer.error
         if error is not None:
             return ce.Answered(handle, None, error)
-        return ce.Answered(handle, b"".join(answer.parts), None)
+        return ce.Answered(handle, answer.parts, None)
 
     def forget(self, handle: int) -> None:
         """The application no longer waits for the answer (a cancelled request)."""
