@@ -26,7 +26,8 @@ import pytest
 import polymux
 from polymux.aio.channel import ChannelTransport
 from polymux.exceptions import ChannelOverflow
-from polymux.session import CoreChannel, SessionCore
+from polymux.session import CoreChannel
+from polymux.session.lifecycle import Lifecycle
 from polymux.wire.mplex import Decoder, Flag, encode_header
 
 from .helpers import until
@@ -327,13 +328,13 @@ async def test_fast_readers_never_trigger_the_policy(
     protocol: str, serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     overflows: list[CoreChannel] = []
-    original = SessionCore._overflow
+    original = Lifecycle._overflow
 
-    def overflow(self: SessionCore, channel: CoreChannel) -> None:
+    def overflow(self: Lifecycle, channel: CoreChannel) -> None:
         overflows.append(channel)
         original(self, channel)
 
-    monkeypatch.setattr(SessionCore, "_overflow", overflow)
+    monkeypatch.setattr(Lifecycle, "_overflow", overflow)
     opts = {"receive_window": WINDOW, "slow_reader": "reset", "slow_reader_timeout": 0.2}
     peer = Peer()
     server = await serve(peer, protocol=protocol, **opts)

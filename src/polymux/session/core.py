@@ -13,13 +13,17 @@ common to every format and every I/O flavour. It is the composition of one modul
   ``send_timeout``, ``idle_timeout``, the handshake and first-frame deadlines, pings;
 * :mod:`~polymux.session.offers`: the peer's offers (the filter, the limits, the open
   rate) and the limits on ours;
+* :mod:`~polymux.session.peer`: what the peer's frames do (the engine's events turned
+  into channel state and the core's events);
+* :mod:`~polymux.session.lifecycle`: how channels end, their deadlines (stream-open,
+  close, slow-reader) and the slow-reader policy;
 * :mod:`~polymux.session.controls`, :mod:`~polymux.session.pairs` and
   :mod:`~polymux.session.requests`: control messages, stream pairs on one-way formats, and
   request/answer exchanges, so that every driver has them.
 
-This module turns the engine's events into channel state, takes the application's calls,
-and keeps the per-channel deadlines (stream-open, channel-close, slow-reader reset) and the
-slow-reader policy.
+This module composes them and is the core's interface: one method per call of the driver
+(bytes, time, the socket's state) and of the application (the session's, and each
+channel's), each handing the work to the module whose job it is.
 
 Call order (as in h11, h2 and aioquic): feed it what happened (:meth:`receive_data`,
 :meth:`receive_eof`, application calls such as :meth:`write` or :meth:`consumed`, and
@@ -36,12 +40,9 @@ from typing import Any
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev
+from polymux.engine import Engine
 from polymux.exceptions import (
     ChannelClosedError,
-    ChannelOverflow,
-    ChannelRejected,
-    ChannelReset,
     LimitExceeded,
     PolymuxError,
     ProtocolError,
@@ -49,19 +50,19 @@ from polymux.exceptions import (
 )
 from polymux.session import events as ce
 from polymux.session.budget import BACKLOG, Budget, Pressure
-from polymux.session.channels import NO_QUEUE, ChannelTable, CoreChannel, Receiving, Sending, Step, Timer
+from polymux.session.channels import NO_QUEUE, ChannelTable, CoreChannel, Sending, Step, Timer
 from polymux.session.controls import Controls
+from polymux.session.lifecycle import Lifecycle
 from polymux.session.liveness import BUSY_READ, STALL_TIMEOUT_WITHOUT_CREDIT, Liveness
 from polymux.session.offers import NoRoomToOpen, OfferFilter, Offers
-from polymux.session.pairs import PAIR, REPLY, Pairs, pair_role
+from polymux.session.pairs import PAIR, Pairs
+from polymux.session.peer import PeerEvents
 from polymux.session.requests import Requests
 from polymux.session.scheduler import Scheduler
 
 
 __all__ = ["STALL_TIMEOUT_WITHOUT_CREDIT", "CoreChannel", "NoRoomToOpen", "OfferFilter", "SessionCore"]
 
-_READING = Receiving.OPEN
-_ANSWER = Receiving.ANSWER
 _LINGERING = Sending.LINGERING
 
 
@@ -96,14 +97,14 @@ class SessionCore:
         self.now = now
         """The time the core last heard (the engines' clock too)."""
         self._events: list[ce.CoreEvent] = []
-        self._has_handler = has_handler
         self._credit = engine.has_flow_control
         self.table = ChannelTable()
         self.channels = self.table.channels
         """Live channels by the engine's handle."""
         self.pressure = pressure = Pressure()
-        self.budget = Budget(engine, config, pressure, self.channels, self)
-        self.scheduler = Scheduler(engine, config.batch_bytes, self.budget, self.channels, self)
+        self.lifecycle = lifecycle = Lifecycle(self, self._events.append)
+        self.budget = Budget(engine, config, pressure, self.channels, lifecycle)
+        self.scheduler = Scheduler(engine, config.batch_bytes, self.budget, self.channels, lifecycle)
         self.liveness = Liveness(
             engine, config, now, pressure, self, first_frame_deadline=first_frame_deadline
         )
@@ -112,6 +113,7 @@ class SessionCore:
         self.controls = Controls(pressure)
         self.pairs = Pairs(fmt)
         self.requests = Requests(fmt)
+        self.peer = PeerEvents(self, self._events.append, has_handler=has_handler)
         # Ending.
         self.error: BaseException | None = None
         """Why the session ended, once it has (a clean end leaves ``None`` until
@@ -130,7 +132,7 @@ class SessionCore:
         ready: a first ping measures the round-trip time)."""
         self.now = self.offers.stamp = now
         if self.liveness.ready:
-            self._on_ready(now)
+            self.peer.ready(now)
         self.liveness.connection_made(now)
 
     @property
@@ -143,7 +145,9 @@ class SessionCore:
 
     def events(self) -> list[ce.CoreEvent]:
         """Return (and forget) what happened since the last call, in order."""
-        out, self._events = self._events, []
+        events = self._events  # (kept: the core's modules hold its append)
+        out = events.copy()
+        events.clear()
         return out
 
     def emit(self, event: ce.CoreEvent) -> None:
@@ -216,8 +220,9 @@ class SessionCore:
                 self.engine.close()  # a go-away where the format has one
             self.emit(ce.Failed(idle))
             return
+        lifecycle = self.lifecycle
         for kind, channel in self.table.due(now):
-            self._channel_timer(kind, channel)
+            lifecycle.timer(kind, channel)
 
     # -- the peer's side -----------------------------------------------------------------------
 
@@ -242,10 +247,11 @@ class SessionCore:
                 live.lift_first_frame()
             if len(data) >= BUSY_READ:
                 live.last_busy = now
+        on_event = self.peer.on_event
         for event in events:
             if self.failed:
                 break  # the session ended on an earlier event of this read (an open too many)
-            self._on_event(event)
+            on_event(event)
         if self.pressure.write_paused and engine.queued_frames > self.config.max_queued_control:
             # The peer sends frames that need answers and does not read them.
             self.pressure.block(BACKLOG, True)
@@ -284,9 +290,9 @@ class SessionCore:
         for channel in list(self.channels.values()):
             if channel.receiving.ended:
                 # What the peer sent before its end stays readable; only writing fails.
-                self._finish(channel, None, write_error=error)
+                self.lifecycle.finish(channel, None, write_error=error)
             else:
-                self._finish(channel, error)
+                self.lifecycle.finish(channel, error)
         self.liveness.lost()
         self.table.timers.clear()
         self.budget.held_writers.clear()
@@ -486,8 +492,8 @@ class SessionCore:
         if channel.unconsumed:
             n, channel.unconsumed = channel.unconsumed, 0
             self.budget.consumed(n)
-            self._ack(handle, n)
-        self._set_slow(channel, False)
+            self.ack(handle, n)
+        self.lifecycle.set_slow(channel, False)
         self.write_eof(handle)
         self.table.add_timer(self.now + self.config.close_timeout, Timer.CLOSE, handle)
 
@@ -497,8 +503,8 @@ class SessionCore:
         channel = self.channels.get(handle)
         if channel is None:
             return
-        self._engine_reset(channel, message)
-        self._finish(channel, None)
+        self.lifecycle.engine_reset(channel, message)
+        self.lifecycle.finish(channel, None)
 
     def consumed(self, handle: int, n: int, now: float | None = None) -> None:
         """The application consumed ``n`` bytes of the channel: credit and budget. ``now``:
@@ -507,16 +513,16 @@ class SessionCore:
             self.now = now
         channel = self.channels.get(handle)
         if channel is None:
-            self._ack(handle, n)
+            self.ack(handle, n)
             return
         n = min(n, channel.unconsumed)
         if n <= 0:
             return
         channel.unconsumed -= n
         self.budget.consumed(n)
-        self._ack(handle, n)
+        self.ack(handle, n)
         if channel.slow and channel.unconsumed <= self.config.receive_window // 2:
-            self._set_slow(channel, False)
+            self.lifecycle.set_slow(channel, False)
 
     def reader_waiting(self, handle: int) -> None:
         """The reader needs more than it holds: credit all it holds, so the peer can send the
@@ -526,7 +532,7 @@ class SessionCore:
             return
         if channel.unconsumed:
             self.consumed(handle, channel.unconsumed)
-        self._set_slow(channel, False)
+        self.lifecycle.set_slow(channel, False)
 
     def reading_paused(self, handle: int, paused: bool) -> None:
         """A plain protocol paused (or resumed) reading its channel: with credit on the
@@ -537,280 +543,29 @@ class SessionCore:
         channel.reading_paused = paused
         if not self._credit:
             if paused and self.config.slow_reader == "reset":
-                self._reader_behind(channel)
+                self.lifecycle.reader_behind(channel)
             else:
                 self.pressure.pause_for(paused)
 
-    # -- engine events ---------------------------------------------------------------------
+    # -- for the core's own modules (peer.py, lifecycle.py), not the drivers -------------------
 
-    def _on_event(self, event: ev.Event) -> None:
-        channels = self.channels
-        if isinstance(event, ev.DataReceived):
-            channel = channels.get(event.channel)
-            n = event.flow_controlled_length
-            if channel is None or channel.receiving is not _READING:
-                if channel is None or channel.receiving.closed:
-                    self._ack(event.channel, n)  # dropped: keep the peer's credit flowing
-                    return
-                # pragma below: the engines refuse data after the peer's end, so only a
-                # request's answer is left here (data on an ENDED channel would be delivered).
-                if channel.receiving is _ANSWER:  # pragma: no branch
-                    self._ack(event.channel, n)
-                    failed = self.requests.data(event.channel, event.data, event.more)
-                    if failed is not None:
-                        self.emit(failed)
-                        self.reset(event.channel)  # the answer passed its limit
-                    return
-            channel.unconsumed += n
-            self.budget.received(n)
-            self._events.append(ce.Data(event.channel, event.data, event.more, n))
-            if not self._credit and channel.unconsumed > self.config.receive_window:
-                self._reader_behind(channel)
-        elif isinstance(event, ev.CreditAvailable):
-            channel = channels.get(event.channel)
-            if channel is not None and not channel.queued and channel.sending.accepted:
-                channel.queued = True
-                self.scheduler.ready.append(channel)
-        elif isinstance(event, ev.ChannelOpened):
-            self._on_offer(event.channel, event.name)
-        elif isinstance(event, ev.ChannelAccepted):
-            self._settle_open(event.channel)
-            channel = channels.get(event.channel)
-            # pragma below: the engine reports acceptance only of an offer it still tracks,
-            # and it tracks ours exactly as long as the core does (the None test is a guard).
-            if channel is not None:  # pragma: no branch
-                if not channel.sending.accepted:
-                    channel.step(Step.ACCEPT)
-                    if channel.buffered or channel.sending.end_wanted:
-                        self.scheduler.wake(channel)
-                self.emit(ce.Accepted(event.channel))
-        elif isinstance(event, ev.ChannelEnded):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                answer = channel.receiving is _ANSWER
-                channel.step(Step.PEER_END)
-                if answer:
-                    self.emit(self.requests.ended(event.channel))
-                    self.close_channel(event.channel)
-                elif not channel.receiving.closed:
-                    self.emit(ce.Ended(event.channel))
-        elif isinstance(event, ev.ChannelClosed):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                write_error = (
-                    None
-                    if event.local_done
-                    else ChannelClosedError(f"{self.format}: {channel.label} was closed by the peer")
-                )
-                self._finish(channel, None, write_error=write_error)
-        elif isinstance(event, ev.ChannelReset):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                error = ChannelReset(self.format, channel.label, event.message)
-                if not channel.sending.accepted:
-                    # No engine resets an offer it has not seen accepted (MultiplexingStream
-                    # reports ChannelRejected); kept for one that would.
-                    self._open_failed(event.channel, error)  # pragma: no cover
-                self._finish(channel, error)
-        elif isinstance(event, ev.ChannelRejected):
-            channel = channels.get(event.channel)
-            # pragma below: only a pending offer of ours is rejected, and nothing else in
-            # the same read can have ended it (the None test is a guard).
-            if channel is not None:  # pragma: no branch
-                self._open_failed(event.channel, ChannelRejected(self.format, channel.label, channel.name))
-                self._finish(channel, None)
-        elif isinstance(event, ev.ReadingStopped):
-            channel = channels.get(event.channel)
-            if channel is not None:
-                self.budget.dropped(channel)
-                stopped = ChannelClosedError(f"{self.format}: the peer stopped reading {channel.label}")
-                self.emit(ce.WritingStopped(event.channel, stopped))
-                self.write_eof(event.channel)
-        elif isinstance(event, ev.SessionReady):
-            # pragma below: engines report SessionReady once, and only when they were not
-            # ready at the start (the test is a guard).
-            if not self.liveness.ready:  # pragma: no branch
-                self._on_ready(self.now)
-        elif isinstance(event, ev.SessionClosed):
-            # The peer's go-away: no new channels; open ones may finish. One that reports an
-            # error ends the session (as hashicorp's handleGoAway does).
-            self.peer_goaway = f"the peer is going away ({event.message})"
-            self.emit(ce.RoomToOpen(everyone=True))  # waiting opens fail: no new channels
-            if event.code:
-                self._fail(SessionClosed(f"{self.format}: the peer went away with {event.message}"))
-        elif isinstance(event, ev.PingAcked):
-            rtt = self.liveness.ping_acked(event.opaque, self.now)
-            if rtt is not None:
-                self.emit(ce.PingAnswered(event.opaque, rtt))
-        elif isinstance(event, ev.ControlReceived):  # pragma: no branch (the last event type)
-            self.controls.arrived(event.data)
-            self.emit(ce.ControlArrived())
-
-    def _on_ready(self, now: float) -> None:
-        self.emit(ce.Ready())
-        self.liveness.on_ready(now)
-
-    def _on_offer(self, handle: int, name: str) -> None:
-        offers = self.offers
-        too_fast = offers.charge(self.now)
-        if too_fast is not None:
-            self._fail(too_fast)
-            return
-        engine = self.engine
-        if not engine.is_live(handle):
-            return  # opened and reset (or cancelled) within the same read: nothing to take
-        if offers.refuse(name, self.closing):
-            engine.reject_channel(handle)
-            return
-        engine.accept_channel(handle)
-        budget = self.budget
-        channel = CoreChannel(
-            handle, name, engine.describe(handle), False, budget.high, budget.low, accepted=True
-        )
-        self.table.add(channel)
-        role = pair_role(engine.metadata_object(handle)) if engine.one_way else None
-        if role is None:
-            self._incoming(ce.Incoming(handle, name))
-        elif role[0] == REPLY:
-            answered = self.pairs.answer(role[1], handle)
-            if answered is None:
-                self.reset(handle)  # an answer nobody waits for
-            else:
-                self.emit(answered)
-        else:  # the first half of the peer's pair: open the other half back
-            try:
-                reply = self.open_channel(name, {REPLY: role[1]})
-            except PolymuxError as exc:
-                self.reset(handle)
-                self.emit(ce.PairFailed(name, exc))
-                return
-            self._incoming(ce.IncomingPair(handle, reply, name))
-
-    def _incoming(self, event: ce.Incoming | ce.IncomingPair) -> None:
-        if not self._has_handler:
-            self.table.untaken += 1
-        self.emit(event)
-
-    # -- hooks of the core's modules ---------------------------------------------------------
-
-    def end_sent(self, channel: CoreChannel, done: bool) -> None:
-        """The scheduler sent ``channel``'s end (``done``: the engine is done with it)."""
-        if done:
-            self._finish(channel, None)
-        elif channel.sending is _LINGERING:
-            # close(): the application is done with the channel; the engine lingers until
-            # the peer ends too (its data is dropped meanwhile).
-            self.emit(ce.Finished(channel.handle, lingering=True))
-
-    def reset_held(self, channel: CoreChannel, problem: str) -> None:
-        """The format holds more of ``channel``'s bytes than it allows: reset it."""
-        self._engine_reset(channel, problem)
-        self._finish(channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {problem}"))
-
-    # -- the slow-reader policy (formats without credit) ------------------------------------
-
-    def _set_slow(self, channel: CoreChannel, slow: bool) -> None:
-        if channel.slow == slow:
-            return
-        channel.slow = slow
-        self.pressure.pause_for(slow)
-
-    def _reader_behind(self, channel: CoreChannel) -> None:
-        """The reader holds ``receive_window`` unread bytes and the format cannot slow the
-        peer down: apply ``slow_reader``."""
-        config = self.config
-        if config.slow_reader == "reset" and config.slow_reader_timeout == 0:
-            self._overflow(channel)
-            return
-        if channel.slow:
-            return
-        self._set_slow(channel, True)  # blocks the whole connection
-        channel.slow_since = self.now
-        if config.slow_reader == "reset":
-            self.table.add_timer(self.now + config.slow_reader_timeout, Timer.OVERFLOW, channel.handle)
-
-    def _overflow(self, channel: CoreChannel) -> None:
-        """slow_reader="reset": drop this channel so the others can go on."""
-        config = self.config
-        message = (
-            f"reader fell behind: {channel.unconsumed} bytes unread"
-            + (f" for {config.slow_reader_timeout:g} s" if config.slow_reader_timeout else "")
-            + f" (receive_window={config.receive_window}, slow_reader='reset')"
-        )
-        self._engine_reset(channel, message)
-        self._finish(
-            channel, ChannelOverflow(f"{self.format}: {channel.label} was reset: {message}"), drop_unread=True
-        )
-
-    # -- channels ----------------------------------------------------------------------------
-
-    def _channel_timer(self, kind: Timer, channel: CoreChannel) -> None:
-        config = self.config
-        if kind == Timer.OPEN:
-            if channel.handle not in self.offers.pending:
-                return  # acknowledged meanwhile
-            self._settle_open(channel.handle, timed_out=True)
-            self._engine_reset(channel, None)
-            error = ChannelReset(
-                self.format,
-                channel.label,
-                f"not acknowledged within stream_open_timeout={config.stream_open_timeout:g} s",
-                by_peer=False,
-            )
-            self._finish(channel, error)
-        elif kind == Timer.CLOSE:
-            self.reset(channel.handle)  # the peer never ended its side
-        elif channel.slow and self.now - channel.slow_since >= config.slow_reader_timeout:
-            self._overflow(channel)  # OVERFLOW: still full since its timer was set
-
-    def _settle_open(self, handle: int, timed_out: bool = False) -> None:
+    def settle_open(self, handle: int, timed_out: bool = False) -> None:
+        """Our open of ``handle`` was acknowledged, or ended: room for a waiting open (see
+        ``Offers.settle``)."""
         room = self.offers.settle(handle, timed_out)
         if room is not None:
             self.emit(room)
 
-    def _open_failed(self, handle: int, error: Exception) -> None:
+    def open_failed(self, handle: int, error: Exception) -> None:
+        """The peer refused our open of ``handle``: the request's failure, or an
+        :class:`~ce.OpenFailed` event (a :class:`~ce.Finished` follows)."""
         if handle in self.requests:
             self.requests.open_failed(handle, error)
         else:
             self.emit(ce.OpenFailed(handle, error))
 
-    def _engine_reset(self, channel: CoreChannel, message: str | None) -> None:
-        engine = self.engine
-        if engine.is_live(channel.handle) and not engine.closed:
-            engine.reset_channel(channel.handle, message)
-
-    def _finish(
-        self,
-        channel: CoreChannel,
-        error: Exception | None,
-        *,
-        write_error: Exception | None = None,
-        drop_unread: bool = False,
-    ) -> None:
-        """Final state: the core forgets the channel (its reader keeps what arrived)."""
-        handle = channel.handle
-        if self.table.pop(handle) is None:
-            # Every caller finds the channel live first; a second finish stays harmless.
-            return  # pragma: no cover
-        self._settle_open(handle)
-        self.budget.finished(channel)
-        self._set_slow(channel, False)
-        if channel.reading_paused and not self._credit:
-            channel.reading_paused = False
-            self.pressure.pause_for(False)
-        if not self.channels:
-            self.liveness.last_activity = self.now
-        if self.requests.answers:
-            answered = self.requests.finished(handle, error)
-            if answered is not None:
-                self.emit(answered)
-        if self.pairs.tokens:
-            paired = self.pairs.finished(handle, error)
-            if paired is not None:
-                self.emit(paired)
-        self._events.append(ce.Finished(handle, error, write_error, drop_unread))
-
-    def _ack(self, handle: int, n: int) -> None:
+    def ack(self, handle: int, n: int) -> None:
+        """Credit ``n`` consumed (or dropped) bytes of ``handle`` to the peer."""
         engine = self.engine
         if engine.closed:
             return
