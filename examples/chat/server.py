@@ -42,9 +42,9 @@ from polymux.apps.common import (
     listen,
     listening_on,
     parse_address,
-    parse_size,
     run,
     session_options,
+    size,
     two_way,
 )
 from polymux.apps.webchat import WebChat
@@ -137,7 +137,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--files", metavar="DIR", help="uploads from the page land here (default: a new temporary folder)"
     )
-    parser.add_argument("--max-upload", type=parse_size, default=None, help="largest upload (e.g. 1G)")
+    parser.add_argument(
+        "--max-upload", type=size, default=None, metavar="SIZE", help="largest upload (e.g. 1GiB)"
+    )
     parser.add_argument("--queue", type=int, default=256, help="messages queued per member (default 256)")
     parser.add_argument(
         "--policy", choices=POLICIES, default="disconnect", help="for a member whose queue is full"

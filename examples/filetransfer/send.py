@@ -29,7 +29,7 @@ from polymux.apps.common import (
     peer_mismatch,
     run,
     session_options,
-    size,
+    size_type,
     two_way,
 )
 from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
@@ -68,7 +68,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--as", dest="as_name", metavar="NAME", help="the name to send a single file under")
     parser.add_argument("--parallel", type=int, default=8, help="files (channels) in flight at once (8)")
     parser.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
-    parser.add_argument("--limit-rate", type=size, metavar="SIZE", help="bytes per second in all, e.g. 10MiB")
+    parser.add_argument(
+        "--limit-rate",
+        type=size_type(1024),
+        metavar="SIZE",
+        help="bytes per second in all, e.g. 10MiB (at least 1KiB)",
+    )
     args = parser.parse_args()
     try:
         parse_address(args.tcp, args.unix)

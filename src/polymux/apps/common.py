@@ -28,6 +28,10 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUS",
     "EXIT_USAGE",
+    "MIN_SESSION_MEMORY",
+    "MIN_WINDOW",
+    "MIN_WRITE_BUFFER",
+    "SIZE_SYNTAX",
     "Address",
     "NoSession",
     "add_address_options",
@@ -42,6 +46,7 @@ __all__ = [
     "serve_until_stopped",
     "session_options",
     "size",
+    "size_type",
     "two_way",
 ]
 
@@ -72,34 +77,72 @@ exit status (the same for every polymux command and example):
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""
 """The exit-status table, as shown at the end of every ``--help``."""
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|(b))?\s*$", re.IGNORECASE)
+
+SIZE_SYNTAX = "a number of bytes with an optional unit: 4096, 512KiB, 16MiB, 1.5GiB"
+"""How sizes are written, for help texts and errors."""
+
+MIN_WINDOW = 4 * 1024
+"""The smallest ``--window`` the commands take: below it every few bytes wait for a round
+trip (``--window 1`` took 14 s for a 64 KiB echo)."""
+MIN_WRITE_BUFFER = 1024
+"""The smallest ``--write-buffer`` (``write_buffer_high``) the commands take."""
+MIN_SESSION_MEMORY = 64 * 1024
+"""The smallest ``--max-session-memory`` the commands take."""
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, *, minimum: int = 1) -> int:
     """A byte count with an optional unit: ``"4096"``, ``"512B"``, ``"64KiB"``, ``"16MiB"``,
     ``"1.5GiB"``. Units are binary whatever the spelling (``K`` = ``KB`` = ``KiB`` = 1024,
-    ``M`` = ``MiB`` = 1024 KiB, then ``G`` and ``T``), case-insensitive; no unit means bytes.
+    ``M`` = ``MB`` = ``MiB`` = 1024 KiB, then ``G`` and ``T``), case-insensitive; a number
+    without a unit means bytes, everywhere. Every size option of every ``polymux``
+    command and example goes through here.
 
     Raises:
-        ValueError: naming the text, when it is not a size or not positive.
+        ValueError: naming the text, when it is not a size, is a fraction of a byte, or is
+            below ``minimum`` bytes (saying, for a number without a unit, that it means
+            bytes and what the unit would have been).
     """
     match = _SIZE.match(text)
     if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 64KiB, 16MiB, 1GiB)")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    value = int(number * 1024 ** " kmgt".index(unit or " "))
-    if value <= 0:
-        raise ValueError(f"size must be at least 1 byte: {text!r}")
+        raise ValueError(f"not a size: {text!r} ({SIZE_SYNTAX})")
+    digits, unit = match.group(1), (match.group(2) or "").lower()
+    if not unit and "." in digits:
+        raise ValueError(f"not a whole number of bytes: {text!r} (give a unit: {digits}MiB, {digits}GiB)")
+    value = int(float(digits) * 1024 ** " kmgt".index(unit or " "))
+    if value < minimum:
+        why = f"{text.strip()!r} is {format_bytes(value)}, below the minimum of {format_bytes(minimum)}"
+        if not unit and not match.group(3):
+            meant = [f"{digits}{u}" for u, f in (("KiB", 1 << 10), ("MiB", 1 << 20)) if value * f >= minimum]
+            why += "; a number without a unit means bytes" + (
+                f" (did you mean {' or '.join(meant)}?)" if meant else ""
+            )
+        raise ValueError(why)
     return value
 
 
-def size(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=``: the error names the value, and argparse
-    the option."""
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+class size_type:  # lower case: used like a function, type=size_type(4096)
+    """:func:`parse_size` as an argparse ``type=``, refusing less than ``minimum`` bytes;
+    the error names the value, and argparse the option."""
+
+    __name__ = "size"  # argparse names the type in some messages
+
+    def __init__(self, minimum: int = 1) -> None:
+        self.minimum = minimum
+        """The smallest size accepted, in bytes."""
+
+    def __call__(self, text: str) -> int:
+        try:
+            return parse_size(text, minimum=self.minimum)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        return f"size_type({self.minimum})"
+
+
+size = size_type(1)
+"""An argparse ``type=`` for a size of at least one byte (:func:`size_type`)."""
 
 
 def format_bytes(n: float) -> str:
@@ -161,9 +204,9 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=size,
+        type=size_type(MIN_WINDOW),
         metavar="SIZE",
-        help="receive window per channel (SessionConfig.receive_window), e.g. 256KiB",
+        help="receive window per channel (SessionConfig.receive_window), e.g. 256KiB; at least 4KiB",
     )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
 

@@ -35,10 +35,13 @@ from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS,
+    MIN_SESSION_MEMORY,
+    MIN_WINDOW,
+    MIN_WRITE_BUFFER,
     format_bytes,
     run as run_loop,
     serve_until_stopped,
-    size,
+    size_type,
 )
 from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
 
@@ -99,15 +102,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--window",
-        type=size,
+        type=size_type(MIN_WINDOW),
         metavar="SIZE",
-        help="receive window per channel on both sides (SessionConfig.receive_window), e.g. 256KiB",
+        help="receive window per channel on both sides (SessionConfig.receive_window), e.g. 256KiB; "
+        "at least 4KiB",
     )
     parser.add_argument(
         "--write-buffer",
-        type=size,
+        type=size_type(MIN_WRITE_BUFFER),
         metavar="SIZE",
-        help="unsent bytes per channel before the copy waits (SessionConfig.write_buffer_high), e.g. 64KiB",
+        help="unsent bytes per channel before the copy waits (SessionConfig.write_buffer_high), e.g. "
+        "64KiB; at least 1KiB",
     )
     parser.add_argument(
         "--capture-listen",
@@ -131,9 +136,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     limits.add_argument(
         "--max-session-memory",
-        type=size,
-        metavar="BYTES",
-        help="per-connection budget of unread + unsent bytes, e.g. 32M (default 32 MiB)",
+        type=size_type(MIN_SESSION_MEMORY),
+        metavar="SIZE",
+        help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",

@@ -44,6 +44,7 @@ from polymux.apps.common import (
     run as run_loop,
     session_options,
     size,
+    size_type,
     two_way,
 )
 
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=size,
         default=16 * 1024 * 1024,
         metavar="SIZE",
-        help="bytes per channel, with an optional unit: 1048576, 512KiB, 16MiB (default 16MiB)",
+        help="bytes per channel: 1048576 (bytes), 512KiB, 16MiB (default 16MiB)",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
@@ -83,7 +84,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--send-only", action="store_true", help="do not expect an echo (for polymux serve --discard)"
     )
     parser.add_argument(
-        "--chunk", type=size, default=64 * 1024, metavar="SIZE", help="write size (default 64KiB)"
+        "--chunk",
+        type=size_type(64),
+        default=64 * 1024,
+        metavar="SIZE",
+        help="write size (default 64KiB; at least 64 bytes)",
     )
     parser.add_argument(
         "--timeout",

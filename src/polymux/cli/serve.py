@@ -24,6 +24,7 @@ from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS,
+    MIN_SESSION_MEMORY,
     Address,
     add_address_options,
     add_session_options,
@@ -31,10 +32,10 @@ from polymux.apps.common import (
     listen,
     listening_on,
     parse_address,
-    parse_size,
     run as run_loop,
     serve_until_stopped,
     session_options,
+    size_type,
     two_way,
 )
 
@@ -78,9 +79,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     limits.add_argument(
         "--max-session-memory",
-        type=parse_size,
-        metavar="BYTES",
-        help="per-connection budget of unread + unsent bytes, e.g. 32M (default 32 MiB)",
+        type=size_type(MIN_SESSION_MEMORY),
+        metavar="SIZE",
+        help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",
