@@ -28,7 +28,7 @@ async def test_demo_default_without_a_tty(procs: Procs) -> None:
 
 async def test_demo_other_format_rich_progress(procs: Procs) -> None:
     demo = await procs.polymux(
-        "demo", "--protocol", "yamux", "--files", "3", "--size", "2", "--progress", "rich"
+        "demo", "--protocol", "yamux", "--files", "3", "--size", "2MiB", "--progress", "rich"
     )
     assert await demo.wait(timeout=60) == 0, demo.describe()
     assert "total" in demo.stdout and "3/3 files" in demo.stdout
@@ -48,7 +48,7 @@ async def test_demo_refuses_one_way_formats(procs: Procs) -> None:
 
 async def test_demo_interrupted_and_resumed(procs: Procs) -> None:
     demo = await procs.polymux(
-        "demo", "--files", "6", "--size", "12", "--interrupt", "40", "--progress", "plain"
+        "demo", "--files", "6", "--size", "12MiB", "--interrupt", "40", "--progress", "plain"
     )
     assert await demo.wait(timeout=60) == 0, demo.describe()
     out = demo.stdout

@@ -137,7 +137,9 @@ def test_a_bad_size_names_the_option_and_the_value(capsys: pytest.CaptureFixture
             main(argv)
         assert exit_info.value.code == EXIT_USAGE
         err = capsys.readouterr().err
-        assert re.search(r"argument --(size|total/--size): not a size: '(64ib|lots)' \(a number of bytes ", err), err
+        assert re.search(
+            r"argument --(size|total/--size): not a size: '(64ib|lots)' \(a number of bytes ", err
+        ), err
 
 
 @pytest.mark.parametrize("size_args", [["--total", "96KiB"], ["--size", "98304"]])

@@ -51,7 +51,9 @@ def test_every_size_option_goes_through_the_one_parser() -> None:
             text = ast.unparse(kind) if kind is not None else "str"
             assert text == "size" or text.startswith("size_type("), f"{path.name} {option}: type={text}"
             checked.append(option)
-    assert {"--size", "--window", "--chunk", "--total", "--max-session-memory", "--write-buffer"} <= set(checked)
+    assert {"--size", "--window", "--chunk", "--total", "--max-session-memory", "--write-buffer"} <= set(
+        checked
+    )
     assert {"--limit-rate", "--max-size", "--max-upload", "--bulk-size", "--slow-size"} <= set(checked)
 
 

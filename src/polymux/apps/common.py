@@ -56,9 +56,12 @@ EXIT_OK = 0
 """Exit status: the command did what was asked."""
 EXIT_FAILED = 1
 """Exit status: the work failed (a channel or a file failed, the echo differs, the
-connection was lost or timed out mid-way, a server cannot listen, an input is unreadable)."""
+connection was lost or timed out mid-way, a server cannot listen, an input file is
+missing or cannot be read, an extra the command needs is not installed)."""
 EXIT_USAGE = 2
-"""Exit status: bad arguments (argparse's own status for usage errors)."""
+"""Exit status: bad arguments (argparse's own status for usage errors): an option that is
+unknown, missing or malformed, a value out of its range. A well-formed path to a file that
+is not there is an input that cannot be read (:data:`EXIT_FAILED`)."""
 EXIT_NO_SESSION = 3
 """Exit status: no session with the peer (nothing listens there, the connection or its
 handshake failed or timed out, or the peer speaks another wire format)."""
@@ -70,7 +73,7 @@ exit status (the same for every polymux command and example):
   {EXIT_OK}    success
   {EXIT_FAILED}    the work failed: a channel or a file failed, the echo differs, the
        connection was lost or timed out mid-way, a server cannot listen, an
-       input file is missing or cannot be read
+       input file is missing or cannot be read, an extra it needs is missing
   {EXIT_USAGE}    bad arguments
   {EXIT_NO_SESSION}    no session: nothing listens there, the connection or its handshake
        failed or timed out, or the peer speaks another wire format

@@ -2,7 +2,7 @@
 quick mode unless --full). The suite lives in benchmarks/ at the repository root, not in
 the installed package: it is looked up from the current directory upwards, then next to
 this package's source tree (an editable install), and run with the same Python. Its exit
-status is the suite's; no checkout found exits 2.
+status is the suite's; no checkout found exits 1.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polymux.apps.common import EXIT_STATUS, EXIT_USAGE, size_type
+from polymux.apps.common import EXIT_FAILED, EXIT_STATUS, size_type
 
 
 __all__ = ["find_suite", "register", "run", "suite_command"]
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             "polymux source checkout (git clone ...; cd polymux; polymux bench)",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return EXIT_FAILED
     if args.out is not None:
         args.out = str(Path(args.out).resolve())  # the suite runs in the checkout
     env = dict(os.environ)

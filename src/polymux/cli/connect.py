@@ -12,7 +12,7 @@ Each channel gets its own pattern (a pseudo-random block per channel, or --patte
 repeated), so an echo on the wrong channel is caught. --timeout bounds the whole run,
 connection and handshake included. A peer that speaks another wire format is named as
 such (exit status 3, like a connection that cannot be made); a channel that fails, an
-echo that differs or a run that times out exits 1.
+echo that differs, a run that times out or a --file that cannot be read exits 1.
 """
 
 from __future__ import annotations
@@ -140,15 +140,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
     fd = None
-    if args.file is not None:
+    if args.file is not None:  # an input that cannot be read (or is empty) fails the work: 1
         try:
             fd = os.open(args.file, os.O_RDONLY)
+            args.size = os.fstat(fd).st_size
         except OSError as exc:
-            args.parser.error(f"--file: {exc}")
-        assert fd is not None
-        args.size = os.fstat(fd).st_size
+            print(f"polymux connect: cannot read --file {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
         if args.size == 0:
-            args.parser.error(f"--file: {args.file} is empty")
+            os.close(fd)
+            print(f"polymux connect: --file {args.file} is empty: nothing to send", file=sys.stderr)
+            return EXIT_FAILED
     # Every failure reaches the channels and is reported below, with the diagnosis; the
     # library's own warning about it would only repeat it, unformatted.
     logging.getLogger("polymux").setLevel(logging.ERROR)
