@@ -55,6 +55,7 @@ from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
 from polymux import formats
+from polymux._extras import require
 from polymux.aio import (
     ChannelTransport,
     Server,
@@ -646,9 +647,13 @@ async def bridge(
         ValueError: a malformed endpoint, an unknown name policy or option value.
         TypeError: an unknown option.
         OSError: the bridge cannot listen there.
+        ModuleNotFoundError: a ``ws://`` endpoint without the websockets extra
+            (``polymux._extras.MissingExtra``, whose message says what to install).
     """
     near = listen if isinstance(listen, Endpoint) else Endpoint.parse(listen)
     far = connect if isinstance(connect, Endpoint) else Endpoint.parse(connect)
+    if "ws" in (near.transport, far.transport):  # at once, not when the first session arrives
+        require("websockets", "a bridge with a ws:// endpoint")
     if names not in NAME_POLICIES:
         raise ValueError(f"bridge: names must be one of {', '.join(NAME_POLICIES)}, got {names!r}")
     if far.transport in ("tcp", "ws") and far.port == 0:

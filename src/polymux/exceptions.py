@@ -17,6 +17,10 @@ Every error polymux raises derives from :class:`PolymuxError`::
     │                                  (also ConnectionError)
     └── LimitExceeded                  a configured limit refused the request
 
+    MissingExtra                       (a ModuleNotFoundError, not a PolymuxError) a
+                                       module of an extra is not installed; the message
+                                       says which: pip install 'polymux[EXTRA]'
+
 Messages always name the wire format and, where there is one, the channel.
 """
 
@@ -31,6 +35,7 @@ __all__ = [
     "ChannelReset",
     "FlowControlError",
     "LimitExceeded",
+    "MissingExtra",
     "PolymuxError",
     "ProtocolError",
     "SessionClosed",
@@ -113,3 +118,19 @@ class SessionClosed(PolymuxError, ConnectionError):
 
 class LimitExceeded(PolymuxError):
     """A configured limit (channels, pending offers, sizes) refused the request."""
+
+
+class MissingExtra(ModuleNotFoundError):
+    """A module of an optional extra is not installed (pyarrow for captures, dpkt for pcap
+    files, websockets for WebSocket endpoints ...). The message names what needs it and the
+    ``pip install 'polymux[EXTRA]'`` line; ``name`` is the module, :attr:`extra` the extra.
+    Raised where the module is first needed (``CaptureRecorder(...)``, ``read_pcap``,
+    ``connect_websocket`` ...); the ``polymux`` commands print the message as one line and
+    exit 1."""
+
+    def __init__(self, module: str, extra: str, needed_by: str) -> None:
+        super().__init__(
+            f"{needed_by} needs {module}, which is not installed: pip install 'polymux[{extra}]'", name=module
+        )
+        self.extra = extra
+        """The extra that installs the module."""

@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 
 import polymux
 from polymux import formats
+from polymux._extras import require
 from polymux._types import BytesLike
+from polymux.exceptions import MissingExtra
 
 
 __all__ = [
@@ -398,8 +400,11 @@ async def serve_until_stopped(
 def run(coro: Coroutine[Any, Any, T], *, use_uvloop: bool = False) -> T:
     """Run ``coro`` on a new event loop (uvloop's if asked)."""
     if use_uvloop:
-        import uvloop
-
+        try:
+            uvloop = require("uvloop", "--uvloop")
+        except MissingExtra:
+            coro.close()  # never awaited: no "was never awaited" warning
+            raise
         result: T = uvloop.run(coro)
         return result
     return asyncio.run(coro)

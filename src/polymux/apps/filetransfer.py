@@ -43,6 +43,7 @@ from dataclasses import dataclass, field as dc_field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
 
+from polymux._extras import require
 from polymux.aio.session import Session
 from polymux.apps.common import format_bytes
 from polymux.apps.records import RecordError, field, read_record, write_record
@@ -616,6 +617,7 @@ class RichProgress:
     throughput (MB/s, as in the summary)."""
 
     def __init__(self, transfers: list[Transfer], *, cut: Callable[[], bool] | None = None) -> None:
+        require("rich", "--progress rich (progress bars)")
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
         from rich.table import Column
 

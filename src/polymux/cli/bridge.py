@@ -214,12 +214,10 @@ def run(args: argparse.Namespace) -> int:
     for side, directory in (("listen", args.capture_listen), ("connect", args.capture_connect)):
         if directory is None:
             continue
-        try:
-            from polymux.tracing import CaptureRecorder
+        from polymux.tracing import CaptureRecorder
 
-            recorder = CaptureRecorder(directory)
-        except ImportError:
-            args.parser.error(f"--capture-{side} needs pyarrow (pip install pyarrow)")
+        try:
+            recorder = CaptureRecorder(directory)  # without pyarrow: MissingExtra, one line (cli.main)
         except OSError as exc:
             args.parser.error(f"--capture-{side}: {exc}")
         recorders.append(recorder)

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from polymux._extras import require
 from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 from polymux.wire import PROTOCOLS
 
@@ -191,7 +192,7 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
 
 def _is_frames_file(path: Path) -> bool:
     """A Parquet file with the frames file's version key (not a capture)."""
-    import pyarrow.parquet as pq
+    pq = require("pyarrow.parquet", "decoding a polymux capture")
 
     try:
         meta = pq.read_schema(path).metadata or {}
