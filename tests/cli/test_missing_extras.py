@@ -31,7 +31,10 @@ def capture(tmp_path: Path) -> Path:
 
     async def session(recorder: CaptureRecorder) -> None:
         server = await polymux.start_server(lambda r, w: w.close(), "127.0.0.1", 0, protocol="yamux")
-        async with server, await polymux.connect("127.0.0.1", server.port, protocol="yamux", capture=recorder):
+        async with (
+            server,
+            await polymux.connect("127.0.0.1", server.port, protocol="yamux", capture=recorder),
+        ):
             pass
 
     with CaptureRecorder(tmp_path / "captures") as recorder:
@@ -89,20 +92,26 @@ def test_capture_recorder_without_pyarrow(tmp_path: Path, monkeypatch: pytest.Mo
         (
             ["bridge", "yamux:tcp:127.0.0.1:0", "omnistreams:ws://127.0.0.1:1/"],
             "websockets",
-            "polymux bridge: a bridge with a ws:// endpoint needs websockets, which is not installed: "
-            "pip install 'polymux[websockets]'",
+            (
+                "polymux bridge: a bridge with a ws:// endpoint needs websockets, which is not installed: "
+                "pip install 'polymux[websockets]'"
+            ),
         ),
         (
             ["bridge", "omnistreams:ws://127.0.0.1:0/", "yamux:tcp:127.0.0.1:1"],
             "websockets",
-            "polymux bridge: a bridge with a ws:// endpoint needs websockets, which is not installed: "
-            "pip install 'polymux[websockets]'",
+            (
+                "polymux bridge: a bridge with a ws:// endpoint needs websockets, which is not installed: "
+                "pip install 'polymux[websockets]'"
+            ),
         ),
         (
             ["bridge", "yamux:tcp:127.0.0.1:0", "mplex:tcp:127.0.0.1:1", "--capture-listen", "{tmp}"],
             "pyarrow",
-            "polymux bridge: CaptureRecorder (recording polymux captures) needs pyarrow, which is not "
-            "installed: pip install 'polymux[capture]'",
+            (
+                "polymux bridge: CaptureRecorder (recording polymux captures) needs pyarrow, which is not "
+                "installed: pip install 'polymux[capture]'"
+            ),
         ),
         (
             ["connect", "--protocol", "yamux", "--tcp", "127.0.0.1:1", "--uvloop"],
