@@ -4,7 +4,9 @@ Every error polymux raises derives from :class:`PolymuxError`::
 
     PolymuxError
     ├── ProtocolError                  the peer broke the wire format; the session ends
-    │   └── FlowControlError           the peer sent more than the window it was given
+    │   ├── FlowControlError           the peer sent more than the window it was given
+    │   └── FormatMismatch             its very first bytes broke it: the peer probably
+    │                                  speaks another protocol (``.first_bytes``)
     ├── ChannelError                   something ended one channel (other channels go on)
     │   ├── ChannelRejected            our offer was rejected (also ConnectionRefusedError)
     │   ├── ChannelReset               the peer reset/terminated the channel (also
@@ -34,6 +36,7 @@ __all__ = [
     "ChannelRejected",
     "ChannelReset",
     "FlowControlError",
+    "FormatMismatch",
     "LimitExceeded",
     "MissingExtra",
     "PolymuxError",
@@ -64,6 +67,22 @@ class ProtocolError(PolymuxError):
 
 class FlowControlError(ProtocolError):
     """The peer sent more bytes than the receive window it was given."""
+
+
+class FormatMismatch(ProtocolError):
+    """The peer's first bytes are not this wire format: it probably speaks another protocol
+    (an HTTP or TLS server, SSH, another multiplexing format) rather than a broken version of
+    this one. The message says what it sent and, where the bytes tell (HTTP, TLS, SSH), what
+    the peer is; :func:`polymux.tracing.diagnose` can name other multiplexing formats from
+    :attr:`first_bytes`. Raised (as the cause of :class:`SessionClosed`) when a violation
+    comes within the first bytes the peer sent."""
+
+    def __init__(self, fmt: str, detail: str, first_bytes: bytes, foreign: str | None = None) -> None:
+        super().__init__(fmt, detail)
+        self.first_bytes = first_bytes
+        """The first bytes the peer sent (up to 64)."""
+        self.foreign = foreign
+        """The protocol the bytes show (``"HTTP"``, ``"TLS"``, ``"SSH"``), or None."""
 
 
 class ChannelError(PolymuxError):

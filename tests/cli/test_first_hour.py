@@ -72,8 +72,9 @@ async def _silent_server() -> asyncio.Server:
         ("yamux", "mstream-v3", "the peer speaks yamux, not mstream-v3"),  # no handshake: fails on data
         ("yamux", "mstream-v2", "the peer speaks yamux, not mstream-v2"),  # fails in the handshake
         ("streamux", "mplex", "the peer speaks streamux, not mplex"),
-        ("mstream-v3", "omnistreams", "the peer sent nothing back"),  # one-way: nothing can come back
-        ("mplex", "yamux", "the peer sent nothing back"),
+        # one-way: nothing can come back
+        ("mstream-v3", "omnistreams", "the server closed the connection without sending a byte"),
+        ("mplex", "yamux", "the server closed the connection without sending a byte"),
     ],
 )
 async def test_a_peer_of_another_format_is_named(

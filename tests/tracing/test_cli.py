@@ -148,3 +148,21 @@ def test_unreadable_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     status, _out, err = run_cli(capsys, truncated)
     assert status == 1
     assert "cut.pcap" in err
+
+
+def test_mplex_or_multiplex_is_not_reported_as_mplex(tmp_path: Path) -> None:
+    """npm multiplex traffic whose names say nothing of the dialect: the same bytes as mplex.
+    decode says both, and decodes with the mplex codec (which reads them the same)."""
+    raw = tmp_path / "c2s.bin"
+    # NewStream 0 "files/1", a message on it, NewStream 1 "files/2", a close of stream 0.
+    raw.write_bytes(
+        bytes([0 << 3 | 0, 7]) + b"files/1" + bytes([0 << 3 | 2, 5]) + b"hello"
+        + bytes([1 << 3 | 0, 7]) + b"files/2" + bytes([0 << 3 | 4, 0])
+    )  # fmt: skip
+    table = decode(raw)
+    assert table.returncode == 0, table.stderr
+    first, how = table.stdout.splitlines()[:2]
+    assert first.startswith("== c2s.bin  mplex or multiplex  raw c2s bytes"), first
+    assert how.startswith("== format: ambiguous: mplex or multiplex (decoded as mplex; confidence "), how
+    forced = decode("--protocol", "multiplex", raw)
+    assert forced.stdout.startswith("== c2s.bin  multiplex  "), forced.stdout

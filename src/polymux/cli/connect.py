@@ -194,6 +194,7 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
     written = [0] * args.channels
     start = time.perf_counter()
     errors: list[str] = []
+    waited: float | None = None  # the run timed out: the peer stayed silent, it did not close
     try:
         async with asyncio.timeout_at(deadline):
             results = await asyncio.gather(
@@ -209,9 +210,10 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
                 errors.append(f"the session failed: {session.exception}")
     except TimeoutError:
         errors.append(f"timed out after {args.timeout:g} s")
+        waited = args.timeout
         session.abort()
     elapsed = time.perf_counter() - start
-    if errors and (why := peer_mismatch(session)) is not None:
+    if errors and (why := peer_mismatch(session, waited=waited)) is not None:
         # Nothing of our format ever came back: there was no session, whatever the channels say.
         _fail(args, address, f"no {protocol} session with {address}: {why}")
         return EXIT_NO_SESSION

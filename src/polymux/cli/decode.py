@@ -13,8 +13,9 @@ FILE is one of:
 
 The format of a flow is --protocol's, else the one a polymux capture records, else the
 one polymux.tracing.detect tells from the first bytes (with its evidence and
-confidence; "ambiguous: mplex or multiplex" where the bytes cannot tell, decoded as mplex
-first). A detected format that runs into a violation early is retried under the other
+confidence; "ambiguous: mplex or multiplex" where the bytes cannot tell: the connection's
+first line then says "mplex or multiplex", the one wire both speak, and the frames are
+decoded with the mplex codec unless it fails). A detected format that runs into a violation early is retried under the other
 candidates before a violation is listed. --protocol FORMAT applies to every flow;
 --protocol PATTERN=FORMAT (repeatable) to the flows whose session id matches the
 pattern (fnmatch; a TCP flow's id is client-server, e.g. '*:9000=yamux'). Flows
@@ -271,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 if not first:
                     out.write("\n")
-                _print_table(conn, flow.format, flow.how, flow.records, out)
+                _print_table(conn, flow.label, flow.how, flow.records, out)
             first = False
         out.flush()
         if not seen:

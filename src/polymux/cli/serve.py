@@ -1,5 +1,6 @@
 """polymux serve: a server that echoes (or discards) every channel of every session,
-logging one line per channel on stderr (name, peer, bytes in and out, seconds, outcome).
+logging one line per channel on stderr (name, peer, bytes in and out, seconds, outcome),
+and one per connection whose client never spoke the format (what it sent instead).
 
 The first line on stdout says what it does and where it listens, with the real port when
 given --tcp HOST:0, for every format ("polymux serve: echo yamux on tcp:127.0.0.1:9000").
@@ -28,6 +29,7 @@ from polymux.apps.common import (
     Address,
     add_address_options,
     add_session_options,
+    diagnosing_capture,
     format_bytes,
     listen,
     listening_on,
@@ -50,6 +52,7 @@ class _Totals:
     sessions: int = 0
     channels: int = 0
     failed: int = 0
+    refused: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -164,6 +167,11 @@ async def _serve(
         totals.sessions += 1
         logger.info("session from %s (%s)", _fmt_peer(session.get_extra_info("peername") or "unix"), protocol)
 
+    def not_a_session(peer: str, why: str) -> None:
+        # Every connection whose client never spoke the format, handshake or not.
+        totals.refused += 1
+        logger.warning("connection from %s: no %s session: %s", peer, protocol, why)
+
     try:
         server = await listen(
             address,
@@ -171,6 +179,7 @@ async def _serve(
             protocol,
             session_handler=session_opened,
             max_connections=max_connections,
+            capture=diagnosing_capture(protocol, not_a_session),
             **options,
         )
     except OSError as exc:
@@ -187,7 +196,9 @@ async def _serve(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address.path)
     print(
-        f"polymux serve: stopped; {totals.sessions} sessions, {totals.channels} channels "
+        f"polymux serve: stopped; {totals.sessions} sessions, "
+        + (f"{totals.refused} connections without one, " if totals.refused else "")
+        + f"{totals.channels} channels "
         f"({totals.failed} failed), {format_bytes(totals.bytes_in)} in, {format_bytes(totals.bytes_out)} out",
         flush=True,
     )
