@@ -19,8 +19,9 @@ when given port 0 ("polymux bridge: mplex on tcp:127.0.0.1:4001 -> yamux on
 tcp:10.0.0.5:4002"); one line per session and per channel goes to stderr. Ctrl-C or
 SIGTERM stops it cleanly: it stops listening, closes both sides of every session (bounded
 by close_timeout), removes its unix socket, prints a summary and exits 0. A bridge that
-cannot listen exits 1. A session whose CONNECT side cannot be opened is closed, its
-channels reset with the reason; the bridge goes on.
+cannot listen exits 1. A session whose CONNECT side cannot be opened is kept for a moment
+(2 s at most) so that the channels its client opens are reset with the reason (as text
+where the format carries one), then closed; the bridge goes on.
 """
 
 from __future__ import annotations
