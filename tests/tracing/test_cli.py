@@ -166,3 +166,46 @@ def test_mplex_or_multiplex_is_not_reported_as_mplex(tmp_path: Path) -> None:
     assert how.startswith("== format: ambiguous: mplex or multiplex (decoded as mplex; confidence "), how
     forced = decode("--protocol", "multiplex", raw)
     assert forced.stdout.startswith("== c2s.bin  multiplex  "), forced.stdout
+
+
+def test_several_inputs_folders_and_patterns(tmp_path: Path) -> None:
+    """Like polymux analyze: files, folders (recursively; a rotated session decoded as one)
+    and patterns; an input that gives nothing is named, the others are decoded, exit 1."""
+    import asyncio
+
+    rotated = tmp_path / "rotated"
+    recorded = asyncio.run(
+        record_session(
+            "yamux",
+            rotated,
+            sizes=(200_000, 200_000),
+            recorder_options={"rotate_bytes": 65536, "batch_bytes": 16384},
+        )
+    )
+    parts = sorted(rotated.glob("*-client.*.pmcap.parquet"))
+    assert len(parts) > 2
+    other = tmp_path / "other"
+    asyncio.run(record_session("mplex", other, sizes=(100,)))
+    (tmp_path / "empty").mkdir()
+
+    out = decode(rotated, other / "*-server.*.pmcap.parquet", tmp_path / "empty", tmp_path / "nosuch.pcap")
+    assert out.returncode == 1
+    heads = [line for line in out.stdout.splitlines() if line.startswith("== ") and "format:" not in line]
+    sessions = [h.split("  ")[0][3:] for h in heads]
+    assert len(sessions) == 3, heads  # the rotated session's two sides, and the mplex server
+    client = next(h for h in heads if h.startswith(f"== {recorded.client.session}  yamux  client "))
+    assert f"(polymux capture, {len(parts)} files)" in client
+    assert any("  mplex  server " in h for h in heads)
+    assert (
+        f"no capture files (*.pmcap.parquet, *.pmframes.parquet, *.pcap, *.pcapng) under '{tmp_path / 'empty'}'"
+        in (out.stderr)
+    )
+    assert f"cannot read {tmp_path / 'nosuch.pcap'}: No such file or directory" in out.stderr
+    # The rotated session's records: those of its whole bytes, none cut at a file boundary.
+    js = decode("--json", rotated)
+    records = [json.loads(line) for line in js.stdout.splitlines()]
+    mine = [r for r in records if r["session"] == recorded.client.session]
+    expected = list(decode_chunks("yamux", recorded.client.chunks, session=recorded.client.session))
+    assert len(mine) == len(expected) and not [
+        r for r in mine if r["frame_type"] in ("violation", "truncated")
+    ]
