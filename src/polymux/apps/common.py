@@ -244,10 +244,12 @@ _HEAD = 512  # bytes of the peer's first answer kept to tell what it speaks
 
 class _Heads:
     """A capture sink keeping what the diagnosis needs: the first bytes each way.
-    ``spare``, a duplicate of the connection's
-    socket, lets :meth:`salvage` read what the peer sent that the session never read: a
-    session that fails on a write (the peer closed first: EPIPE, ECONNRESET) stops reading
-    at once, though the peer's answer (an HTTP error page, a go-away) is there."""
+
+    ``spare``, a duplicate of the connection's socket, lets :meth:`salvage` read what the
+    peer sent that the session never read: a session that fails on a write (the peer closed
+    first: EPIPE, ECONNRESET) stops reading at once, though the peer's answer (an HTTP
+    error page, a go-away) is there. It is closed when the connection is lost (the sink's
+    ``close``), before the session's own socket, so the connection ends as it would."""
 
     def __init__(self) -> None:
         self.sent = bytearray()
@@ -421,16 +423,19 @@ async def connect(
             (refused, timed out, the handshake failed, what the peer speaks instead).
     """
     heads = _Heads()
-    if options.get("capture") is None:
+    ours = options.get("capture") is None  # a caller's own capture: no diagnosis bytes
+    if ours:
         options["capture"] = lambda _info: _HeadSink(heads)
     sock: socket.socket | None = None
     try:
         async with asyncio.timeout(timeout):
             sock = await _open_socket(address)
-            heads.spare = sock.dup()
+            if ours:
+                heads.spare = sock.dup()
             if address.path is not None:
                 session = await polymux.connect_unix(None, protocol=protocol, sock=sock, **options)
             else:
+                # host and port None: the socket is connected (loop.create_connection's sock=)
                 session = await polymux.connect(None, None, protocol=protocol, sock=sock, **options)  # type: ignore[arg-type]
     except TimeoutError:
         assert timeout is not None
