@@ -296,7 +296,7 @@ _heads: weakref.WeakKeyDictionary[polymux.Session, _Heads] = weakref.WeakKeyDict
 
 
 def _found_mismatch(error: BaseException | None) -> bool:
-    """``error`` or one of its causes is a :class:`polymux.FormatMismatch`."""
+    """``error`` or one of its causes is a :class:`polymux.exceptions.FormatMismatch`."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, polymux.FormatMismatch):

@@ -94,7 +94,7 @@ def diagnose(
         closed: the peer closed (or reset) the connection; else it stayed silent, for
             ``waited`` seconds when given.
         mismatch: the session found the bytes wrong itself (it failed with
-            :class:`~polymux.FormatMismatch`): a diagnosis even if they look fine here.
+            :class:`~polymux.exceptions.FormatMismatch`): a diagnosis even if they look fine here.
         peer_role: how to call the peer in sentences (``"server"``, ``"client"``); a
             ``"client"``'s bytes are judged as a client's (who speaks first differs).
 
