@@ -62,6 +62,23 @@ def _wait_for_a_child(pid: int) -> None:
         time.sleep(0.02)
 
 
+def _still_running(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still running after up to ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -85,9 +102,11 @@ async def test_ctrl_c_prints_one_line(tmp_path: Path, when: str) -> None:
                     line = await proc.stderr.readline()
                     assert line, lines
                     lines.append(line.decode())
+        jvm = _children(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         async with asyncio.timeout(60):
             rest, _ = await asyncio.gather(proc.stderr.read(), proc.wait())
+        left = await asyncio.to_thread(_still_running, jvm, 30)
     finally:
         if proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -99,3 +118,4 @@ async def test_ctrl_c_prints_one_line(tmp_path: Path, when: str) -> None:
     assert "Traceback" not in text and "\tat " not in text and "ERROR" not in text, text
     others = [ln for ln in lines if not ln.startswith(("polymux analyze: ", "WARNING: Using incubator"))]
     assert others == [], text
+    assert jvm and not left, f"the JVM outlived the command: {left}"  # no orphan left running
