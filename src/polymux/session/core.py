@@ -36,12 +36,14 @@ from polymux.exceptions import (
     ChannelOverflow,
     ChannelRejected,
     ChannelReset,
+    FormatMismatch,
     LimitExceeded,
     PolymuxError,
     ProtocolError,
     SessionClosed,
 )
 from polymux.session import events as ce
+from polymux.sniff import identify, show
 
 
 __all__ = ["NoRoomToOpen", "SessionCore"]
@@ -71,6 +73,36 @@ _HOLDING = 2
 
 _MAX_UNREAD_CONTROLS = 1024
 """Control messages (omnistreams) held unread before the session stops reading."""
+
+_EARLY = 4096
+"""A violation in a read that starts within the peer's first this many bytes means that the
+peer probably speaks another protocol: :class:`FormatMismatch`."""
+_FIRST_BYTES = 64
+"""The peer's first bytes kept for that diagnosis."""
+
+
+def _mismatch(fmt: str, error: ProtocolError, first: bytes) -> ProtocolError:
+    """``error`` (a violation in the peer's first bytes ``first``) as the diagnosis it is:
+    a :class:`FormatMismatch` saying what the peer sent and, where the bytes tell, what it
+    is. A more precise error (a flow-control overrun, a failed negotiation: each needs
+    bytes of the format) stays what it is."""
+    if type(error) is not ProtocolError:
+        return error
+    foreign = identify(first)
+    if foreign is not None:
+        detail = (
+            f"the peer speaks {foreign.name}, not {fmt}: it sent {foreign.what}, so it is "
+            f"{foreign.peer} (as {fmt}: {error.detail})"
+        )
+    else:
+        detail = (
+            f"the peer's first bytes are not {fmt}: it probably speaks another protocol or "
+            f"another multiplexing format (it sent {show(first)}; as {fmt}: {error.detail})"
+        )
+    mismatch = FormatMismatch(fmt, detail, first, foreign.name if foreign else None)
+    mismatch.__cause__ = error
+    return mismatch
+
 
 _BUSY_READ = 64 * 1024
 """A socket read at least this large means the peer had more queued: it is busy, not dead
@@ -208,6 +240,8 @@ class SessionCore:
         self.peer_goaway: str | None = None
         """The peer's go-away, once it sent one."""
         self.lost = False
+        self._peer_received = 0  # bytes from the peer, counted up to _EARLY
+        self._peer_first = b""  # its first _FIRST_BYTES bytes
         # Reading and writing the socket.
         self._read_block = 0
         self._read_pausers = 0
@@ -430,10 +464,15 @@ class SessionCore:
         self._now = now
         engine = self.engine
         engine.now = now
+        early = self._peer_received < _EARLY
+        if early:  # the peer's first bytes: kept to tell a peer of another protocol
+            self._peer_received += len(data)
+            if len(self._peer_first) < _FIRST_BYTES:
+                self._peer_first += bytes(data[: _FIRST_BYTES - len(self._peer_first)])
         try:
             events = engine.receive_data(data)
         except ProtocolError as exc:
-            self._fail(exc)
+            self._fail(_mismatch(self.format, exc, self._peer_first) if early else exc)
             return
         if events or engine.has_output:
             # Whole frames arrived (bytes of a frame that never ends do not count).
@@ -458,9 +497,10 @@ class SessionCore:
         self.closing = True
         try:
             self.engine.receive_eof()
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # the connection ended inside a frame
             if self.error is None:
-                self.error = exc
+                early = 0 < self._peer_received < _EARLY  # all it ever sent: a few bytes
+                self.error = _mismatch(self.format, exc, self._peer_first) if early else exc
                 self.failed = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
