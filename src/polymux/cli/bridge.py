@@ -41,6 +41,8 @@ from polymux.apps.common import (
     MIN_WRITE_BUFFER,
     format_bytes,
     run as run_loop,
+    seconds,
+    seconds_or_off,
     serve_until_stopped,
     size_type,
 )
@@ -50,26 +52,6 @@ from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
 __all__ = ["register", "run"]
 
 logger = logging.getLogger("polymux.bridge")
-
-
-def _seconds_or_off(text: str) -> float | None:
-    """A positive number of seconds, or ``off``."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (or 'off')") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r} (or 'off')")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = _seconds_or_off(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds: {text!r}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -133,37 +115,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=1024,
         metavar="N",
-        help="sessions accepted at once, each with its session on CONNECT; more are dropped (default 1024)",
+        help="sessions accepted at once, each with its session on CONNECT, counted from the accept; when full, "
+        "connections that never spoke are closed first, then new ones dropped (default 1024)",
     )
     limits.add_argument(
         "--max-session-memory",
         type=size_type(MIN_SESSION_MEMORY),
         metavar="SIZE",
-        help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
+        help="budget of unread + unsent bytes per bridged pair (the accepted session and its session on "
+        "CONNECT, half each), e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
-        help="seconds a session may take to connect and complete its handshake (default 10)",
+        help="seconds a session may take to connect and complete its handshake, and a LISTEN "
+        "connection to send its first frame (default 10)",
     )
     limits.add_argument(
         "--idle-timeout",
-        type=_seconds_or_off,
+        type=seconds_or_off,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds a session with no channels may stay silent before it is closed, or off (default 300)",
     )
     limits.add_argument(
         "--keepalive-interval",
-        type=_seconds_or_off,
+        type=seconds_or_off,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds between keepalive pings on formats with pings, or off (default 15)",
     )
     limits.add_argument(
         "--keepalive-timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="seconds a ping may go unanswered before the session fails (default 10)",
     )
