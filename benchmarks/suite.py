@@ -37,6 +37,7 @@ from benchmarks.common import (
 from benchmarks.go_ref import GO_FORMATS, go_available, go_bulk
 from benchmarks.node_ref import NODE_FORMATS, node_available, node_bulk
 from benchmarks.peer import Peer
+from polymux.apps.common import size_type
 
 
 SCENARIOS = ("bulk", "messages", "rr", "churn", "scale", "slow", "tracing")
@@ -55,7 +56,7 @@ class Budget:
     rr_channels: tuple[int, ...]
     seconds: float
     scale_counts: tuple[int, ...]
-    slow_mib: int
+    slow_mib: float
     slow_delay_us: int
     time_limit: float
 
@@ -112,12 +113,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transports", type=lambda v: _list(v, TRANSPORTS, "transport"), default=list(TRANSPORTS))
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--repeat", type=int, help="repeats per figure (quick 2, full 3)")
-    p.add_argument("--bulk-mib", type=float, help="MiB moved per bulk measurement (quick 16, full 512)")
+    p.add_argument(
+        "--bulk-size",
+        type=size_type(MIB),
+        metavar="SIZE",
+        help="bytes moved per bulk measurement, e.g. 64MiB (quick 16MiB, full 512MiB)",
+    )
+    p.add_argument("--bulk-mib", type=float, help=argparse.SUPPRESS)  # the old spelling, in MiB
     p.add_argument("--bulk-channels", type=_ints, help="bulk channel counts (default 1,16,256)")
     p.add_argument("--messages", type=int, help="messages per small-message measurement (quick 3000)")
     p.add_argument("--seconds", type=float, help="seconds per rr / churn measurement (quick 0.15, full 2)")
     p.add_argument("--scale-counts", type=_ints, help="idle channel counts (quick 1000, full 10000,100000)")
-    p.add_argument("--slow-mib", type=int, help="MiB sent into the slow reader (quick 4, full 64)")
+    p.add_argument(
+        "--slow-size",
+        type=size_type(MIB),
+        metavar="SIZE",
+        help="bytes sent into the slow reader, e.g. 8MiB (quick 4MiB, full 64MiB)",
+    )
+    p.add_argument("--slow-mib", type=float, help=argparse.SUPPRESS)  # the old spelling, in MiB
     p.add_argument("--no-node", action="store_true", help="no Node reference rows even if node is present")
     p.add_argument("--no-go", action="store_true", help="no Go reference rows even if Go is present")
     p.add_argument(
@@ -134,14 +147,14 @@ def budget_from(args: argparse.Namespace) -> Budget:
     b = FULL if args.full else QUICK
     return Budget(
         repeat=args.repeat or b.repeat,
-        bulk_mib=args.bulk_mib or b.bulk_mib,
+        bulk_mib=args.bulk_size / MIB if args.bulk_size else args.bulk_mib or b.bulk_mib,
         bulk_channels=tuple(args.bulk_channels or b.bulk_channels),
         message_sizes=b.message_sizes,
         messages=args.messages or b.messages,
         rr_channels=b.rr_channels,
         seconds=args.seconds or b.seconds,
         scale_counts=tuple(args.scale_counts or b.scale_counts),
-        slow_mib=args.slow_mib or b.slow_mib,
+        slow_mib=args.slow_size / MIB if args.slow_size else args.slow_mib or b.slow_mib,
         slow_delay_us=b.slow_delay_us,
         time_limit=b.time_limit,
     )
@@ -238,7 +251,7 @@ async def run_combo(
                 await sc.slow_reader(
                     stack,
                     [] if stack == RAW_STREAMS else [stack],
-                    b.slow_mib * MIB,
+                    int(b.slow_mib * MIB),
                     b.slow_delay_us,
                     loop,
                     transport,
@@ -259,7 +272,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the suite for parsed ``args`` (``argv`` is recorded in the report)."""
     b = budget_from(args)
     if b.repeat < 1 or b.bulk_mib <= 0 or b.messages < 1 or b.seconds <= 0:
-        raise SystemExit("--repeat, --bulk-mib, --messages and --seconds must be positive")
+        raise SystemExit("--repeat, --bulk-size, --messages and --seconds must be positive")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     versions = {"python": platform.python_version(), "polymux": polymux.__version__}

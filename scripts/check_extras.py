@@ -2,8 +2,10 @@
 scripts/check-extras): the commands that extra is documented for must work there, so a
 dependency missing from pyproject.toml fails here, not on a user's machine.
 
-    python scripts/check_extras.py EXTRA      # core, apps, websockets, anyio, spark-pcap
+    python scripts/check_extras.py EXTRA      # core, apps, websockets, anyio, capture, spark-pcap
 
+Where an extra is missing, what needs it must say so in one line naming the extra (exit
+status 1, no traceback): checked in the environments that lack it (core, capture).
 Every step is bounded in time; the first failure exits 1 with what was run and its output.
 """
 
@@ -35,6 +37,52 @@ def run(*args: str | Path, timeout: float = 120, ok: int = 0) -> str:
 
 def cli(*args: str | Path, timeout: float = 120) -> str:
     return run(PY, "-m", "polymux", *args, timeout=timeout)
+
+
+def cli_fails(*args: str | Path, says: str) -> None:
+    """``polymux ARGS`` exits 1 with one line on stderr, containing ``says``."""
+    cmd = [PY, "-m", "polymux", *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, cwd=WORK)
+    lines = proc.stderr.splitlines()
+    if proc.returncode != 1 or len(lines) != 1 or says not in lines[0]:
+        sys.exit(f"check-extras: {' '.join(cmd)} exited {proc.returncode}, expected 1 and one line with "
+                 f"{says!r}\n{proc.stdout}\n{proc.stderr}")  # fmt: skip
+
+
+def absent(*modules: str) -> None:
+    """These modules are not installed here (the extra does not pull them in)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is not None:
+            sys.exit(f"check-extras: {module} is installed, and this extra should not bring it")
+
+
+def record_session(captures: Path, *, frames: bool = False) -> None:
+    """A short yamux session, recorded by a CaptureRecorder into ``captures``."""
+    import polymux
+    from polymux.tracing import CaptureRecorder
+
+    async def session(recorder: CaptureRecorder) -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(65536):
+                writer.write(data)
+            writer.close()
+
+        server = await polymux.start_server(echo, "127.0.0.1", 0, protocol="yamux")
+        async with (
+            server,
+            await polymux.connect("127.0.0.1", server.port, protocol="yamux", capture=recorder) as s,
+        ):
+            for i in range(2):
+                reader, writer = await s.open_channel(f"c/{i}")
+                writer.write(bytes(300_000))
+                writer.write_eof()
+                await reader.read()
+
+    with CaptureRecorder(captures, frames=frames) as recorder:
+        asyncio.run(asyncio.wait_for(session(recorder), 60))
+
+
+PCAP_HEADER = bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000")  # no packets
 
 
 class Background:
@@ -76,6 +124,51 @@ def check_core() -> None:
     raw = WORK / "c2s.bin"
     raw.write_bytes(bytes.fromhex("000100010000000100000000"))  # a yamux SYN (window update)
     assert "open" in cli("decode", "--protocol", "yamux", raw)
+    # Without the extras: one line naming the extra to install, exit 1.
+    absent("pyarrow", "dpkt", "websockets", "uvloop", "rich", "anyio")
+    parquet = WORK / "x.pmcap.parquet"
+    parquet.write_bytes(b"PAR1" + bytes(16) + b"PAR1")
+    cli_fails("decode", parquet, says="needs pyarrow, which is not installed: pip install 'polymux[capture]'")
+    pcap = WORK / "lo.pcap"
+    pcap.write_bytes(PCAP_HEADER)
+    cli_fails("decode", pcap, says="needs dpkt, which is not installed: pip install 'polymux[pcap]'")
+    cli_fails("bridge", "yamux:tcp:127.0.0.1:0", "omnistreams:ws://127.0.0.1:1/",
+              says="needs websockets, which is not installed: pip install 'polymux[websockets]'")  # fmt: skip
+    cli_fails("bridge", "yamux:tcp:127.0.0.1:0", "mplex:tcp:127.0.0.1:1", "--capture-listen", WORK / "c",
+              says="needs pyarrow, which is not installed: pip install 'polymux[capture]'")  # fmt: skip
+    cli_fails("connect", "--protocol", "yamux", "--tcp", "127.0.0.1:1", "--uvloop",
+              says="needs uvloop, which is not installed: pip install 'polymux[uvloop]'")  # fmt: skip
+    import polymux
+    from polymux.tracing import CaptureRecorder
+
+    try:
+        CaptureRecorder(WORK / "captures")
+    except polymux.MissingExtra as exc:
+        assert "pip install 'polymux[capture]'" in str(exc), exc
+    else:
+        sys.exit("check-extras: CaptureRecorder without pyarrow did not raise MissingExtra")
+    try:
+        import polymux.anyio
+    except polymux.MissingExtra as exc:
+        assert "pip install 'polymux[anyio]'" in str(exc), exc
+    else:
+        sys.exit("check-extras: polymux.anyio without anyio did not raise MissingExtra")
+
+
+def check_capture() -> None:
+    """Recording and decoding polymux captures with pyarrow alone (no Spark, no pandas)."""
+    absent("pyspark", "pandas", "dpkt")
+    captures = WORK / "captures"
+    record_session(captures, frames=True)
+    capture = min(captures.glob("*.pmcap.parquet"))
+    out = cli("decode", capture)
+    assert "== format: recorded in the capture" in out and " data " in out, out
+    frames = min(captures.glob("*.pmframes.parquet"))
+    assert "recorded as frame records" in cli("decode", frames)
+    assert '"frame_type":"open"' in cli("decode", "--json", capture)
+    pcap = WORK / "lo.pcap"
+    pcap.write_bytes(PCAP_HEADER)
+    cli_fails("decode", pcap, says="needs dpkt, which is not installed: pip install 'polymux[pcap]'")
 
 
 def check_apps() -> None:
@@ -143,29 +236,10 @@ def check_anyio() -> None:
 
 def check_spark_pcap() -> None:
     """polymux analyze on a polymux capture and a pcap of the same bytes (and decode)."""
-    import polymux
-    from polymux.tracing import CaptureRecorder, read_capture
-
-    async def session(recorder: CaptureRecorder) -> None:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(65536):
-                writer.write(data)
-            writer.close()
-
-        server = await polymux.start_server(echo, "127.0.0.1", 0, protocol="yamux")
-        async with (
-            server,
-            await polymux.connect("127.0.0.1", server.port, protocol="yamux", capture=recorder) as s,
-        ):
-            for i in range(2):
-                reader, writer = await s.open_channel(f"c/{i}")
-                writer.write(bytes(300_000))
-                writer.write_eof()
-                await reader.read()
+    from polymux.tracing import read_capture
 
     captures = WORK / "captures"
-    with CaptureRecorder(captures) as recorder:
-        asyncio.run(asyncio.wait_for(session(recorder), 60))
+    record_session(captures)
     spec = importlib.util.spec_from_file_location("pcaputil", ROOT / "tests/tracing/pcaputil.py")
     assert spec is not None and spec.loader is not None
     pcaputil = importlib.util.module_from_spec(spec)
@@ -184,6 +258,7 @@ CHECKS = {
     "apps": check_apps,
     "websockets": check_websockets,
     "anyio": check_anyio,
+    "capture": check_capture,
     "spark-pcap": check_spark_pcap,
 }
 

@@ -46,9 +46,9 @@ from polymux.apps.common import (
     listen,
     listening_on,
     parse_address,
-    parse_size,
     run,
     session_options,
+    size,
 )
 from polymux.apps.webchat import WebChat
 from polymux.web import static_files
@@ -192,7 +192,9 @@ def parse_args() -> argparse.Namespace:
         default=100,
         help="recent messages kept per room for pages that join (default 100)",
     )
-    parser.add_argument("--max-upload", type=parse_size, default=None, help="largest upload (e.g. 1G)")
+    parser.add_argument(
+        "--max-upload", type=size, default=None, metavar="SIZE", help="largest upload (e.g. 1GiB)"
+    )
     parser.add_argument("--queue", type=int, default=256, help="messages queued per member (default 256)")
     parser.add_argument(
         "--policy", choices=POLICIES, default="disconnect", help="for a member whose queue is full"

@@ -6,8 +6,9 @@
 A directory sends the files under it (named relative to it). Run it again after an
 interruption: the receiver tells how much of each file it has and only the rest is sent.
 Exit status (the table of every polymux command): 0 when every file is verified, 1 when
-one failed (refused, interrupted, checksum), 2 for bad arguments, 3 when there is no
-session (nothing listens there, or the receiver speaks another wire format).
+one failed (refused, interrupted, checksum) or a PATH cannot be read, 2 for bad
+arguments, 3 when there is no session (nothing listens there, or the receiver speaks
+another wire format).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from polymux.apps.common import (
     EXIT_NO_SESSION,
     EXIT_OK,
     EXIT_STATUS,
+    EXIT_USAGE,
     NoSession,
     add_address_options,
     add_session_options,
@@ -29,14 +31,21 @@ from polymux.apps.common import (
     peer_mismatch,
     run,
     session_options,
-    size,
+    size_type,
 )
 from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
 
 
 async def main(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, args.unix)
-    transfers = collect([Path(p) for p in args.paths], name=args.as_name)
+    try:
+        transfers = collect([Path(p) for p in args.paths], name=args.as_name)
+    except OSError as exc:  # a PATH that is not there: an input that cannot be read
+        print(f"send: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as exc:  # --as with a directory
+        print(f"send: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         session = await connect(address, args.protocol, timeout=30, **session_options(args))
     except NoSession as exc:
@@ -67,11 +76,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--as", dest="as_name", metavar="NAME", help="the name to send a single file under")
     parser.add_argument("--parallel", type=int, default=8, help="files (channels) in flight at once (8)")
     parser.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
-    parser.add_argument("--limit-rate", type=size, metavar="SIZE", help="bytes per second in all, e.g. 10MiB")
+    parser.add_argument(
+        "--limit-rate",
+        type=size_type(1024),
+        metavar="SIZE",
+        help="bytes per second in all, e.g. 10MiB (at least 1KiB)",
+    )
     args = parser.parse_args()
     try:
         parse_address(args.tcp, args.unix)
-        collect([Path(p) for p in args.paths], name=args.as_name)
+        if args.as_name is not None and len(args.paths) != 1:
+            raise ValueError("--as NAME needs exactly one file")
     except ValueError as exc:
         parser.error(str(exc))
     if args.parallel < 1:

@@ -28,7 +28,7 @@ opens for it (the *connecting* side):
   window of the side it reads (``receive_window``; yamux windows grow up to
   ``max_receive_window``), one read, and ``write_buffer_high`` unsent bytes towards the
   other side; per bridged pair (the accepted session and the one opened for it) at most
-  ``max_session_memory``, half for each session. Formats without credit on the
+  ``max_session_memory`` (each session gets a third: see :func:`pair_share`). Formats without credit on the
   wire (mplex, multiplex, mstream-v1, Streamux, smux v1) apply their ``slow_reader``
   policy on the side they are read from: ``"block"`` (the default) stops reading that
   connection while a channel has ``receive_window`` unread bytes, ``"reset"`` resets the
@@ -56,6 +56,7 @@ from typing import Any, Self, cast
 from urllib.parse import urlsplit
 
 from polymux import formats
+from polymux._extras import require
 from polymux.aio import (
     ChannelTransport,
     Server,
@@ -201,6 +202,11 @@ def _text(error: BaseException) -> str:
     return text if text.startswith("polymux bridge:") else f"polymux bridge: {text}"
 
 
+_LINGER = 2.0
+"""Seconds a session whose CONNECT side could not be opened is kept for its first channels
+(each is then reset with the reason), at most ``close_timeout``."""
+
+
 def _reset(writer: asyncio.StreamWriter, text: str | None) -> None:
     """Reset a channel (and the other half of a stream pair), telling the peer ``text``
     where its format carries one."""
@@ -223,6 +229,7 @@ class _Link:
         self.far: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
         self.far.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen: no log
         self.waiting: set[asyncio.Task[Any]] = set()  # near channels' tasks waiting for ``far``
+        self.arrived = asyncio.Event()  # the near side opened a channel
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -240,6 +247,15 @@ class _Link:
             error = PolymuxError(f"polymux bridge: no session with {owner.connect}: {why}")
             logger.warning("session from %s (%s): %s", peer, owner.listen.protocol, error)
             self.far.set_exception(error)
+            # A client opens its channels right after connecting, often after the bridge
+            # learnt that CONNECT is down (a refused connection takes a millisecond): wait a
+            # little for them, so that each is reset with the reason (its text where the
+            # format carries one) instead of meeting a closed connection.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(owner.listen_config.close_timeout, _LINGER)):
+                    await self.arrived.wait()
+            for _ in range(3):  # the rest of that burst: their handlers are scheduled already
+                await asyncio.sleep(0)
             if self.waiting:
                 # Let the channels that waited reset with the reason before the session
                 # closes (closing first lost the resets: the client saw only the close).
@@ -349,7 +365,9 @@ class Bridge:
         if link is None and session.is_closed:
             writer.transport.abort()  # its link is gone: nothing to carry it to
             return
-        await self._carry(link or self._link(session), reader, writer, from_far=False)
+        link = link or self._link(session)
+        link.arrived.set()
+        await self._carry(link, reader, writer, from_far=False)
 
     # -- channels ------------------------------------------------------------------------------
 
@@ -617,8 +635,10 @@ async def _copy(
 
 def pair_share(budget: int) -> int:
     """The ``max_session_memory`` each session of a bridged pair gets from the pair's
-    ``budget``: half of it (at least 64 KiB), so that the pair holds at most the budget."""
-    return max(64 * 1024, budget // 2)
+    ``budget``: a third of it (at least 64 KiB). A session holds at most 1.5 times its own
+    (see :attr:`SessionConfig.max_session_memory <polymux.SessionConfig.max_session_memory>`),
+    so the pair holds at most the budget."""
+    return max(64 * 1024, budget // 3)
 
 
 async def bridge(
@@ -649,8 +669,8 @@ async def bridge(
         **options: :class:`~polymux.SessionConfig` fields applied to both sides on top
             (``max_session_memory=``, ``idle_timeout=``, ``capture=`` ...).
             ``max_session_memory`` is the budget of a bridged *pair*: each of its two
-            sessions gets half of it (:func:`pair_share`; :attr:`Bridge.listen_config` and
-            :attr:`Bridge.connect_config` show the halves).
+            sessions gets a third of it (:func:`pair_share`; :attr:`Bridge.listen_config`
+            and :attr:`Bridge.connect_config` show the shares).
 
     Returns:
         The running :class:`Bridge` (already listening).
@@ -659,9 +679,13 @@ async def bridge(
         ValueError: a malformed endpoint, an unknown name policy or option value.
         TypeError: an unknown option.
         OSError: the bridge cannot listen there.
+        ModuleNotFoundError: a ``ws://`` endpoint without the websockets extra
+            (``polymux._extras.MissingExtra``, whose message says what to install).
     """
     near = listen if isinstance(listen, Endpoint) else Endpoint.parse(listen)
     far = connect if isinstance(connect, Endpoint) else Endpoint.parse(connect)
+    if "ws" in (near.transport, far.transport):  # at once, not when the first session arrives
+        require("websockets", "a bridge with a ws:// endpoint")
     if names not in NAME_POLICIES:
         raise ValueError(f"bridge: names must be one of {', '.join(NAME_POLICIES)}, got {names!r}")
     if far.transport in ("tcp", "ws") and far.port == 0:
@@ -669,7 +693,9 @@ async def bridge(
     near_cfg = SessionConfig.from_options(listen_config or config, **options)
     far_cfg = SessionConfig.from_options(connect_config or config, **options)
     # One budget for a bridged pair, end to end: what the bridge holds for one client is
-    # the two sessions' together, so each gets half of max_session_memory.
+    # the two sessions' together. A session holds up to its max_session_memory unread (and
+    # unsent while its socket takes nothing), and half of it more unsent while it waits
+    # for credit: a third of the pair's budget each keeps the two within it.
     near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
     far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)

@@ -4,7 +4,9 @@ Every error polymux raises derives from :class:`PolymuxError`::
 
     PolymuxError
     ├── ProtocolError                  the peer broke the wire format; the session ends
-    │   └── FlowControlError           the peer sent more than the window it was given
+    │   ├── FlowControlError           the peer sent more than the window it was given
+    │   └── FormatMismatch             its very first bytes broke it: the peer probably
+    │                                  speaks another protocol (``.first_bytes``)
     ├── ChannelError                   something ended one channel (other channels go on)
     │   ├── ChannelRejected            our offer was rejected (also ConnectionRefusedError)
     │   ├── ChannelReset               the peer reset/terminated the channel (also
@@ -16,6 +18,10 @@ Every error polymux raises derives from :class:`PolymuxError`::
     ├── SessionClosed                  the session is closed or its connection was lost
     │                                  (also ConnectionError)
     └── LimitExceeded                  a configured limit refused the request
+
+    MissingExtra                       (a ModuleNotFoundError, not a PolymuxError) a
+                                       module of an extra is not installed; the message
+                                       says which: pip install 'polymux[EXTRA]'
 
 Messages always name the wire format and, where there is one, the channel.
 """
@@ -30,7 +36,9 @@ __all__ = [
     "ChannelRejected",
     "ChannelReset",
     "FlowControlError",
+    "FormatMismatch",
     "LimitExceeded",
+    "MissingExtra",
     "PolymuxError",
     "ProtocolError",
     "SessionClosed",
@@ -59,6 +67,22 @@ class ProtocolError(PolymuxError):
 
 class FlowControlError(ProtocolError):
     """The peer sent more bytes than the receive window it was given."""
+
+
+class FormatMismatch(ProtocolError):
+    """The peer's first bytes are not this wire format: it probably speaks another protocol
+    (an HTTP or TLS server, SSH, another multiplexing format) rather than a broken version of
+    this one. The message says what it sent and, where the bytes tell (HTTP, TLS, SSH), what
+    the peer is; :func:`polymux.tracing.diagnose` can name other multiplexing formats from
+    :attr:`first_bytes`. Raised (as the cause of :class:`SessionClosed`) when a violation
+    comes within the first bytes the peer sent."""
+
+    def __init__(self, fmt: str, detail: str, first_bytes: bytes, foreign: str | None = None) -> None:
+        super().__init__(fmt, detail)
+        self.first_bytes = first_bytes
+        """The first bytes the peer sent (up to 64)."""
+        self.foreign = foreign
+        """The protocol the bytes show (``"HTTP"``, ``"TLS"``, ``"SSH"``), or None."""
 
 
 class ChannelError(PolymuxError):
@@ -113,3 +137,19 @@ class SessionClosed(PolymuxError, ConnectionError):
 
 class LimitExceeded(PolymuxError):
     """A configured limit (channels, pending offers, sizes) refused the request."""
+
+
+class MissingExtra(ModuleNotFoundError):
+    """A module of an optional extra is not installed (pyarrow for captures, dpkt for pcap
+    files, websockets for WebSocket endpoints ...). The message names what needs it and the
+    ``pip install 'polymux[EXTRA]'`` line; ``name`` is the module, :attr:`extra` the extra.
+    Raised where the module is first needed (``CaptureRecorder(...)``, ``read_pcap``,
+    ``connect_websocket`` ...); the ``polymux`` commands print the message as one line and
+    exit 1."""
+
+    def __init__(self, module: str, extra: str, needed_by: str) -> None:
+        super().__init__(
+            f"{needed_by} needs {module}, which is not installed: pip install 'polymux[{extra}]'", name=module
+        )
+        self.extra = extra
+        """The extra that installs the module."""

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import importlib.resources
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from typing import Any, TypeVar, cast
 import pytest
 
 import polymux
+from polymux import formats
 from polymux.aio.channel import ChannelTransport
 
 
@@ -681,3 +683,34 @@ def test_layering_check_recognises_every_import_form() -> None:
         (5, "anyio"),
         (6, "asyncio.streams"),
     ]
+
+
+@pytest.mark.parametrize("fmt", [f for f in formats.FORMATS if not f.caps.names], ids=lambda f: f.name)
+async def test_formats_without_names_say_so(fmt: formats.Format) -> None:
+    """yamux, smux and Streamux carry no channel names: the accepting side sees the stream
+    id, and the documentation says so where a user looks (open_channel, the format's page;
+    the getting-started example printed '1: CHANNEL 0' without a word)."""
+    seen: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(writer.get_extra_info("channel_name"))
+        writer.close()
+
+    async with (
+        await polymux.start_server(handler, "127.0.0.1", 0, protocol=fmt.name) as server,
+        await polymux.connect("127.0.0.1", server.port, protocol=fmt.name) as session,
+    ):
+        reader, writer = await session.open_channel("files/1")
+        writer.write(b"x")  # (an empty Streamux request is a ping, which no handler sees)
+        writer.write_eof()
+        await asyncio.wait_for(reader.read(), 10)
+    assert seen and seen[0] != "files/1" and seen[0].isdigit()
+    doc = polymux.Session.open_channel.__doc__ or ""
+    assert fmt.family.split("-")[0] in doc.lower() or fmt.name.split("-")[0] in doc.lower()
+    assert re.search(r"no (channel |stream )?names", _format_pages(fmt.name), re.IGNORECASE), fmt.name
+
+
+def _format_pages(name: str) -> str:
+    """The format's documentation page and the formats overview."""
+    root = Path(__file__).resolve().parents[2] / "docs" / "formats"
+    return (root / f"{name.split('-')[0]}.md").read_text() + (root / "index.md").read_text()

@@ -63,6 +63,35 @@ async def test_connect_through_the_bridge_to_serve(procs: Procs, short_tmp: Path
     assert [(c.format, c.role) for c in far_caps] == [("yamux", "client")]
 
 
+@pytest.mark.parametrize(
+    ("near", "said"),
+    [
+        # Formats whose resets carry text: the reason itself.
+        ("mstream-v3", "was reset by the peer: polymux bridge: no session with yamux:tcp:127.0.0.1:{port}: "),
+        ("multiplex", "was reset by the peer: polymux bridge: no session with yamux:tcp:127.0.0.1:{port}: "),
+        # Formats without: each channel reset (the reason is in the bridge's log), not a
+        # connection closed before a byte.
+        ("yamux", "was reset by the peer"),
+        ("mplex", "was reset by the peer"),
+    ],
+)
+async def test_a_client_of_the_bridge_learns_why_when_connect_is_down(
+    procs: Procs, near: str, said: str
+) -> None:
+    """CONNECT refuses at once, before the client opened its channels: they are reset with
+    the reason, not met by a closed connection ("the peer sent nothing back")."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _proc, addr = await bridge(procs, f"{near}:tcp:127.0.0.1:0", f"yamux:tcp:127.0.0.1:{port}")
+    client = await procs.polymux("connect", "--protocol", near, "--tcp", addr, "--size", "64KiB")
+    assert await client.wait() == 1, client.describe()
+    assert said.format(port=port) in client.stderr, client.stderr
+    assert "without sending a byte" not in client.stderr and "nothing back" not in client.stderr
+
+
 async def test_no_session_on_the_connecting_side(procs: Procs, short_tmp: Path) -> None:
     """Nothing listens on CONNECT: the client's channels fail (exit 1), the bridge goes on
     and counts it; unix sockets; its socket file is removed when it stops."""

@@ -32,7 +32,7 @@ async def test_demo_default_without_a_tty(procs: Procs) -> None:
 
 async def test_demo_other_format_rich_progress(procs: Procs) -> None:
     demo = await procs.polymux(
-        "demo", "--protocol", "yamux", "--files", "3", "--size", "2", "--progress", "rich"
+        "demo", "--protocol", "yamux", "--files", "3", "--size", "2MiB", "--progress", "rich"
     )
     assert await demo.wait(timeout=60) == 0, demo.describe()
     assert "total" in demo.stdout and "3/3 files" in demo.stdout
@@ -57,7 +57,7 @@ async def test_demo_on_every_format_cut_and_resumed(procs: Procs, protocol: str)
 
 async def test_demo_interrupted_and_resumed(procs: Procs) -> None:
     demo = await procs.polymux(
-        "demo", "--files", "6", "--size", "12", "--interrupt", "40", "--progress", "plain"
+        "demo", "--files", "6", "--size", "12MiB", "--interrupt", "40", "--progress", "plain"
     )
     assert await demo.wait(timeout=60) == 0, demo.describe()
     out = demo.stdout

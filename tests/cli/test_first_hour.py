@@ -72,8 +72,9 @@ async def _silent_server() -> asyncio.Server:
         ("yamux", "mstream-v3", "the peer speaks yamux, not mstream-v3"),  # no handshake: fails on data
         ("yamux", "mstream-v2", "the peer speaks yamux, not mstream-v2"),  # fails in the handshake
         ("streamux", "mplex", "the peer speaks streamux, not mplex"),
-        ("mstream-v3", "omnistreams", "the peer sent nothing back"),  # one-way: nothing can come back
-        ("mplex", "yamux", "the peer sent nothing back"),
+        # one-way: nothing can come back
+        ("mstream-v3", "omnistreams", "the server closed the connection without sending a byte"),
+        ("mplex", "yamux", "the server closed the connection without sending a byte"),
     ],
 )
 async def test_a_peer_of_another_format_is_named(
@@ -92,6 +93,46 @@ async def test_a_peer_of_another_format_is_named(
         assert await client.wait() == EXIT_NO_SESSION, client.describe()
     assert said in client.stderr, client.stderr
     assert "MB/s" not in client.stdout and "Traceback" not in client.stderr, client.describe()
+
+
+BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\nConnection: close\r\n\r\nBad Request"
+
+
+@pytest.mark.parametrize(("protocol", "runs"), [("mplex", 12), ("yamux", 3), ("mstream-v2", 3)])
+async def test_an_http_server_is_named_every_time(procs: Procs, protocol: str, runs: int) -> None:
+    """An HTTP server answers 400 and closes with our bytes unread: the kernel resets the
+    connection, and the client's next write often fails before it read the answer. The
+    answer is read all the same (it said "the peer sent nothing back" in 11 of 12 runs);
+    and a guess at 0.5 ("the peer speaks mplex") is never made of it."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.write(BAD_REQUEST)
+        await writer.drain()
+        writer.transport.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for _ in range(runs):
+            client = await procs.polymux(
+                "connect",
+                "--protocol",
+                protocol,
+                "--tcp",
+                f"127.0.0.1:{port}",
+                "--size",
+                "64KiB",
+                "--timeout",
+                "10",
+            )
+            assert await client.wait() == EXIT_NO_SESSION, client.describe()
+            assert (
+                f"the peer speaks HTTP, not {protocol} (certain: it sent an HTTP response "
+                '"HTTP/1.1 400 Bad Request", so it is an HTTP server)'
+            ) in client.stderr, client.stderr
+    finally:
+        server.close()
 
 
 async def test_timeout_shorter_than_the_handshake(procs: Procs) -> None:
@@ -137,11 +178,13 @@ def test_a_bad_size_names_the_option_and_the_value(capsys: pytest.CaptureFixture
             main(argv)
         assert exit_info.value.code == EXIT_USAGE
         err = capsys.readouterr().err
-        assert re.search(r"argument --(size|total): not a size: '(64ib|lots)' \(examples: ", err), err
+        assert re.search(
+            r"argument --(size|total/--size): not a size: '(64ib|lots)' \(a number of bytes ", err
+        ), err
 
 
-@pytest.mark.parametrize("size_args", [["--total", "96KiB"], ["--size", "0.09375"]])
-async def test_demo_total_and_its_old_spelling(procs: Procs, size_args: list[str]) -> None:
+@pytest.mark.parametrize("size_args", [["--total", "96KiB"], ["--size", "98304"]])
+async def test_demo_total_and_its_other_name(procs: Procs, size_args: list[str]) -> None:
     demo = await procs.polymux("demo", "--files", "3", *size_args, "--progress", "none")
     assert await demo.wait(timeout=60) == 0, demo.describe()
     assert "3 files, 96.0 KiB in all, one channel per file (3 at a time)" in demo.stdout

@@ -321,3 +321,55 @@ async def test_serve_timeouts(procs: Procs) -> None:
         "off",
     )
     await off.line(r"polymux serve: echo yamux on tcp:")
+
+
+async def _wrong_client(port: int, kind: str) -> None:
+    """A client that never speaks yamux: another format, HTTP, TLS, or nothing at all."""
+    raw = {
+        "http": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "tls": bytes.fromhex("16030100f8010000f40303") + bytes(64),
+        "silent": b"",
+    }
+    if kind in raw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw[kind])
+        await writer.drain()
+        writer.close()
+        return
+    try:
+        session = await asyncio.wait_for(polymux.connect("127.0.0.1", port, protocol=kind), 5)
+        async with session:
+            reader, writer = await session.open_pair("x")
+            writer.write(b"hello")
+            writer.write_eof()
+            await asyncio.wait_for(reader.read(), 5)
+    except (TimeoutError, ConnectionError, polymux.PolymuxError):
+        pass
+
+
+WRONG = ["mplex", "mstream-v2", "mstream-v3", "streamux", "omnistreams", "smux", "http", "tls", "silent"]
+
+
+async def test_serve_logs_every_wrong_format_connection(procs: Procs) -> None:
+    """One line per connection whose client never spoke the format, saying what it sent
+    (3 of 6 wrong-format handshakes were not logged at all)."""
+    server, addr = await serve(procs, "yamux", "--tcp", "127.0.0.1:0", "--handshake-timeout", "2")
+    port = int(addr.rsplit(":", 1)[1])
+    for kind in WRONG:  # one at a time: each line can be matched to its client
+        before = len(server.err)
+        await _wrong_client(port, kind)
+        await server.wait_for(
+            lambda before=before: any("no yamux session: " in ln for ln in server.err[before:]),
+            f"a line for the {kind} client",
+        )
+        line = next(ln for ln in server.err[before:] if "no yamux session: " in ln)
+        assert re.search(r"connection from 127\.0\.0\.1:\d+: no yamux session: ", line), line
+        if kind == "http":
+            assert "the peer speaks HTTP, not yamux (certain: it sent an HTTP request (GET /)" in line, line
+        elif kind == "tls":
+            assert "the peer speaks TLS, not yamux (certain: it sent a TLS ClientHello record" in line, line
+        elif kind == "silent":
+            assert "the client closed the connection without sending a byte" in line, line
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert f"{len(WRONG)} connections without one" in server.stdout, server.stdout

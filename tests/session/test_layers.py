@@ -15,7 +15,14 @@ import polymux
 SRC = Path(polymux.__file__).parent
 PACKAGES = ("session", "aio", "anyio")
 
-BELOW_SESSION = ("polymux._types", "polymux.config", "polymux.exceptions", "polymux.engine", "polymux.wire")
+BELOW_SESSION = (
+    "polymux._types",
+    "polymux.config",
+    "polymux.exceptions",
+    "polymux.engine",
+    "polymux.wire",
+    "polymux.sniff",
+)
 """What the sans-I/O session layer may import besides itself."""
 
 ABOVE_DRIVERS = (

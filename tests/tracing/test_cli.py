@@ -148,3 +148,64 @@ def test_unreadable_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     status, _out, err = run_cli(capsys, truncated)
     assert status == 1
     assert "cut.pcap" in err
+
+
+def test_mplex_or_multiplex_is_not_reported_as_mplex(tmp_path: Path) -> None:
+    """npm multiplex traffic whose names say nothing of the dialect: the same bytes as mplex.
+    decode says both, and decodes with the mplex codec (which reads them the same)."""
+    raw = tmp_path / "c2s.bin"
+    # NewStream 0 "files/1", a message on it, NewStream 1 "files/2", a close of stream 0.
+    raw.write_bytes(
+        bytes([0 << 3 | 0, 7]) + b"files/1" + bytes([0 << 3 | 2, 5]) + b"hello"
+        + bytes([1 << 3 | 0, 7]) + b"files/2" + bytes([0 << 3 | 4, 0])
+    )  # fmt: skip
+    table = decode(raw)
+    assert table.returncode == 0, table.stderr
+    first, how = table.stdout.splitlines()[:2]
+    assert first.startswith("== c2s.bin  mplex or multiplex  raw c2s bytes"), first
+    assert how.startswith("== format: ambiguous: mplex or multiplex (decoded as mplex; confidence "), how
+    forced = decode("--protocol", "multiplex", raw)
+    assert forced.stdout.startswith("== c2s.bin  multiplex  "), forced.stdout
+
+
+def test_several_inputs_folders_and_patterns(tmp_path: Path) -> None:
+    """Like polymux analyze: files, folders (recursively; a rotated session decoded as one)
+    and patterns; an input that gives nothing is named, the others are decoded, exit 1."""
+    import asyncio
+
+    rotated = tmp_path / "rotated"
+    recorded = asyncio.run(
+        record_session(
+            "yamux",
+            rotated,
+            sizes=(200_000, 200_000),
+            recorder_options={"rotate_bytes": 65536, "batch_bytes": 16384},
+        )
+    )
+    parts = sorted(rotated.glob("*-client.*.pmcap.parquet"))
+    assert len(parts) > 2
+    other = tmp_path / "other"
+    asyncio.run(record_session("mplex", other, sizes=(100,)))
+    (tmp_path / "empty").mkdir()
+
+    out = decode(rotated, other / "*-server.*.pmcap.parquet", tmp_path / "empty", tmp_path / "nosuch.pcap")
+    assert out.returncode == 1
+    heads = [line for line in out.stdout.splitlines() if line.startswith("== ") and "format:" not in line]
+    sessions = [h.split("  ")[0][3:] for h in heads]
+    assert len(sessions) == 3, heads  # the rotated session's two sides, and the mplex server
+    client = next(h for h in heads if h.startswith(f"== {recorded.client.session}  yamux  client "))
+    assert f"(polymux capture, {len(parts)} files)" in client
+    assert any("  mplex  server " in h for h in heads)
+    assert (
+        f"no capture files (*.pmcap.parquet, *.pmframes.parquet, *.pcap, *.pcapng) under '{tmp_path / 'empty'}'"
+        in (out.stderr)
+    )
+    assert f"cannot read {tmp_path / 'nosuch.pcap'}: No such file or directory" in out.stderr
+    # The rotated session's records: those of its whole bytes, none cut at a file boundary.
+    js = decode("--json", rotated)
+    records = [json.loads(line) for line in js.stdout.splitlines()]
+    mine = [r for r in records if r["session"] == recorded.client.session]
+    expected = list(decode_chunks("yamux", recorded.client.chunks, session=recorded.client.session))
+    assert len(mine) == len(expected) and not [
+        r for r in mine if r["frame_type"] in ("violation", "truncated")
+    ]

@@ -53,6 +53,8 @@ def test_decode_flow_on_each_capture(flows: dict[str, MadeFlow], name: str) -> N
     assert decoded.detection is not None
     assert str(decoded.detection) == flow.verdict
     assert decoded.format == flow.format
+    unsettled = flow.verdict.startswith("ambiguous") and not flow.retried
+    assert decoded.label == ("mplex or multiplex" if unsettled else flow.format)
     check_records(flow, [r._asdict() for r in decoded.records])
     if flow.verdict.startswith("ambiguous"):
         assert decoded.how.startswith(f"ambiguous: mplex or multiplex (decoded as {flow.format}; confidence ")
@@ -108,7 +110,10 @@ def test_polymux_decode_all_in_one_file(flows: dict[str, MadeFlow]) -> None:
             how[session] = (fmt, lines[i + 1][len("== format: ") :])
     for flow in flows.values():
         fmt, text = how[flow.session]
-        assert fmt == flow.format
+        # An ambiguous flow that decoded cleanly as the first of the two is named as both
+        # (npm multiplex traffic was reported as mplex); one the other's failure settled, as it.
+        unsettled = flow.verdict.startswith("ambiguous") and not flow.retried
+        assert fmt == ("mplex or multiplex" if unsettled else flow.format), (flow.name, fmt)
         assert text.startswith(
             f"ambiguous: mplex or multiplex (decoded as {flow.format}"
             if flow.verdict.startswith("ambiguous")

@@ -315,16 +315,18 @@ def test_trace_frame_fields() -> None:
 SYN3 = "01 00 0000 03000000"
 PSH3 = "01 02 0200 03000000 6869"
 NOP = "01 03 0000 00000000"
+KEEPALIVE = ", the first a NOP on stream 0 (its 8 bytes all fixed: smux's keepalive)"
 
 
 @pytest.mark.parametrize(
     ("fmt", "c2s", "s2c", "expected"),
     [
         ("smux", SYN3, "", (0.6, "1 smux version 1 frame (8-byte headers)")),
-        ("smux", NOP, "", (0.6, "1 smux version 1 frame (8-byte headers)")),
+        ("smux", NOP, "", (0.95, f"1 smux version 1 frame (8-byte headers){KEEPALIVE}")),
+        ("smux", "", NOP, (0.95, f"1 smux version 1 frame (8-byte headers){KEEPALIVE}")),
         ("smux", SYN3 + PSH3, PSH3, (0.8, "3 smux version 1 frames (8-byte headers)")),
         ("smux", "", PSH3, (0.6, "1 smux version 1 frame (8-byte headers)")),  # any first server frame
-        ("smux", NOP * 9, "", (0.95, "9 smux version 1 frames (8-byte headers)")),  # confidence capped
+        ("smux", SYN3 * 9, "", (0.95, "9 smux version 1 frames (8-byte headers)")),  # confidence capped
         ("smux-v2", "02 00 0000 03000000", "", (0.6, "1 smux version 2 frame (8-byte headers)")),
         ("smux", PSH3, "", None),  # a client starts by opening a stream or with a NOP
         ("smux-v2", SYN3, "", None),  # the other protocol version

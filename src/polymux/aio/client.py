@@ -87,7 +87,7 @@ async def connect(
 
 
 async def connect_unix(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | None,
     *,
     protocol: str,
     config: SessionConfig | None = None,
@@ -95,13 +95,15 @@ async def connect_unix(
     offer_filter: OfferFilter | None = None,
     **options: Any,
 ) -> Session:
-    """Connect over a unix socket and return a ready :class:`Session` (see :func:`connect`)."""
+    """Connect over a unix socket and return a ready :class:`Session` (see :func:`connect`).
+    ``path`` is None when ``sock=`` gives a connected socket."""
     session_opts, conn_opts = _split_options(options)
     _cfg, make = _factory(
         protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter
     )
     loop = asyncio.get_running_loop()
-    _transport, mux = await loop.create_unix_connection(make, os.fspath(path), **conn_opts)
+    where = None if path is None else os.fspath(path)
+    _transport, mux = await loop.create_unix_connection(make, where, **conn_opts)
     return await _ready(mux)
 
 

@@ -927,6 +927,12 @@ class Session:
     async def open_channel(self, name: str = "") -> StreamPair:
         """Offer a channel named ``name``; return its ``(reader, writer)`` once accepted.
 
+        ``name`` reaches the peer where the format carries names (MultiplexingStream,
+        mplex, multiplex, omnistreams). yamux, smux and Streamux have none on the wire: the
+        name stays on this side, and the peer's ``channel_name`` is the stream id
+        (``polymux.formats.get(protocol).caps.names`` says which). Write it as the
+        channel's first bytes where it must travel.
+
         Raises :class:`~polymux.exceptions.ChannelRejected` if the peer rejects it.
         """
         mux = self._mux

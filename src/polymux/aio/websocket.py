@@ -40,6 +40,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
 from polymux import formats
+from polymux._extras import require
 from polymux.aio.client import _ready
 from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
@@ -515,6 +516,7 @@ async def connect_websocket(
     compression is off unless asked for, and ``max_size`` defaults to the session's
     ``max_message_size``. One mux message is one binary WebSocket message.
     """
+    require("websockets", "connect_websocket (WebSocket endpoints)")
     from websockets.asyncio.client import connect as ws_connect
 
     check_protocol(protocol)
@@ -551,6 +553,7 @@ async def serve_websocket(
     upgrade must complete within ``handshake_timeout`` (websockets' ``open_timeout``), then
     the session's first frame is due within ``handshake_timeout`` too (see
     :func:`polymux.start_server`)."""
+    require("websockets", "serve_websocket (WebSocket endpoints)")
     from websockets.asyncio.server import serve as ws_serve
 
     check_protocol(protocol)

@@ -24,6 +24,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from polymux._extras import require
+
+
+require("anyio", "polymux.anyio")  # a one-line error naming the extra, not a bare ImportError
+
 import anyio
 from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream

@@ -11,14 +11,17 @@ import asyncio
 import logging
 import re
 import signal
+import socket
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import polymux
 from polymux import formats
+from polymux._extras import require
 from polymux._types import BytesLike
+from polymux.exceptions import MissingExtra
 
 
 __all__ = [
@@ -28,12 +31,17 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUS",
     "EXIT_USAGE",
+    "MIN_SESSION_MEMORY",
+    "MIN_WINDOW",
+    "MIN_WRITE_BUFFER",
+    "SIZE_SYNTAX",
     "Address",
     "NoSession",
     "add_address_options",
     "add_session_options",
     "connect",
     "conversation_options",
+    "diagnosing_capture",
     "format_bytes",
     "parse_address",
     "parse_size",
@@ -44,6 +52,7 @@ __all__ = [
     "serve_until_stopped",
     "session_options",
     "size",
+    "size_type",
     "two_way",
 ]
 
@@ -53,9 +62,12 @@ EXIT_OK = 0
 """Exit status: the command did what was asked."""
 EXIT_FAILED = 1
 """Exit status: the work failed (a channel or a file failed, the echo differs, the
-connection was lost or timed out mid-way, a server cannot listen, an input is unreadable)."""
+connection was lost or timed out mid-way, a server cannot listen, an input file is
+missing or cannot be read, an extra the command needs is not installed)."""
 EXIT_USAGE = 2
-"""Exit status: bad arguments (argparse's own status for usage errors)."""
+"""Exit status: bad arguments (argparse's own status for usage errors): an option that is
+unknown, missing or malformed, a value out of its range. A well-formed path to a file that
+is not there is an input that cannot be read (:data:`EXIT_FAILED`)."""
 EXIT_NO_SESSION = 3
 """Exit status: no session with the peer (nothing listens there, the connection or its
 handshake failed or timed out, or the peer speaks another wire format)."""
@@ -67,41 +79,79 @@ exit status (the same for every polymux command and example):
   {EXIT_OK}    success
   {EXIT_FAILED}    the work failed: a channel or a file failed, the echo differs, the
        connection was lost or timed out mid-way, a server cannot listen, an
-       input file is missing or cannot be read
+       input file is missing or cannot be read, an extra it needs is missing
   {EXIT_USAGE}    bad arguments
   {EXIT_NO_SESSION}    no session: nothing listens there, the connection or its handshake
        failed or timed out, or the peer speaks another wire format
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""
 """The exit-status table, as shown at the end of every ``--help``."""
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|(b))?\s*$", re.IGNORECASE)
+
+SIZE_SYNTAX = "a number of bytes with an optional unit: 4096, 512KiB, 16MiB, 1.5GiB"
+"""How sizes are written, for help texts and errors."""
+
+MIN_WINDOW = 4 * 1024
+"""The smallest ``--window`` the commands take: below it every few bytes wait for a round
+trip (``--window 1`` took 14 s for a 64 KiB echo)."""
+MIN_WRITE_BUFFER = 1024
+"""The smallest ``--write-buffer`` (``write_buffer_high``) the commands take."""
+MIN_SESSION_MEMORY = 64 * 1024
+"""The smallest ``--max-session-memory`` the commands take."""
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, *, minimum: int = 1) -> int:
     """A byte count with an optional unit: ``"4096"``, ``"512B"``, ``"64KiB"``, ``"16MiB"``,
     ``"1.5GiB"``. Units are binary whatever the spelling (``K`` = ``KB`` = ``KiB`` = 1024,
-    ``M`` = ``MiB`` = 1024 KiB, then ``G`` and ``T``), case-insensitive; no unit means bytes.
+    ``M`` = ``MB`` = ``MiB`` = 1024 KiB, then ``G`` and ``T``), case-insensitive; a number
+    without a unit means bytes, everywhere. Every size option of every ``polymux``
+    command and example goes through here.
 
     Raises:
-        ValueError: naming the text, when it is not a size or not positive.
+        ValueError: naming the text, when it is not a size, is a fraction of a byte, or is
+            below ``minimum`` bytes (saying, for a number without a unit, that it means
+            bytes and what the unit would have been).
     """
     match = _SIZE.match(text)
     if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 64KiB, 16MiB, 1GiB)")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    value = int(number * 1024 ** " kmgt".index(unit or " "))
-    if value <= 0:
-        raise ValueError(f"size must be at least 1 byte: {text!r}")
+        raise ValueError(f"not a size: {text!r} ({SIZE_SYNTAX})")
+    digits, unit = match.group(1), (match.group(2) or "").lower()
+    if not unit and "." in digits:
+        raise ValueError(f"not a whole number of bytes: {text!r} (give a unit: {digits}MiB, {digits}GiB)")
+    value = int(float(digits) * 1024 ** " kmgt".index(unit or " "))
+    if value < minimum:
+        why = f"{text.strip()!r} is {format_bytes(value)}, below the minimum of {format_bytes(minimum)}"
+        if not unit and not match.group(3):
+            meant = [f"{digits}{u}" for u, f in (("KiB", 1 << 10), ("MiB", 1 << 20)) if value * f >= minimum]
+            why += "; a number without a unit means bytes" + (
+                f" (did you mean {' or '.join(meant)}?)" if meant else ""
+            )
+        raise ValueError(why)
     return value
 
 
-def size(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=``: the error names the value, and argparse
-    the option."""
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+class size_type:  # lower case: used like a function, type=size_type(4096)
+    """:func:`parse_size` as an argparse ``type=``, refusing less than ``minimum`` bytes;
+    the error names the value, and argparse the option."""
+
+    __name__ = "size"  # argparse names the type in some messages
+
+    def __init__(self, minimum: int = 1) -> None:
+        self.minimum = minimum
+        """The smallest size accepted, in bytes."""
+
+    def __call__(self, text: str) -> int:
+        try:
+            return parse_size(text, minimum=self.minimum)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        return f"size_type({self.minimum})"
+
+
+size = size_type(1)
+"""An argparse ``type=`` for a size of at least one byte (:func:`size_type`)."""
 
 
 def seconds_or_off(text: str) -> float | None:
@@ -184,9 +234,9 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window",
-        type=size,
+        type=size_type(MIN_WINDOW),
         metavar="SIZE",
-        help="receive window per channel (SessionConfig.receive_window), e.g. 256KiB",
+        help="receive window per channel (SessionConfig.receive_window), e.g. 256KiB; at least 4KiB",
     )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
 
@@ -212,15 +262,22 @@ class NoSession(Exception):
     :data:`EXIT_NO_SESSION`)."""
 
 
-_HEAD = 256  # bytes of the peer's first answer kept to tell which format it speaks
+_HEAD = 512  # bytes of the peer's first answer kept to tell what it speaks
 
 
 class _Heads:
-    """A capture sink keeping what the diagnosis needs: the first bytes each way."""
+    """A capture sink keeping what the diagnosis needs: the first bytes each way.
+
+    ``spare``, a duplicate of the connection's socket, lets :meth:`salvage` read what the
+    peer sent that the session never read: a session that fails on a write (the peer closed
+    first: EPIPE, ECONNRESET) stops reading at once, though the peer's answer (an HTTP
+    error page, a go-away) is there. It is closed when the connection is lost (the sink's
+    ``close``), before the session's own socket, so the connection ends as it would."""
 
     def __init__(self) -> None:
         self.sent = bytearray()
         self.received = bytearray()
+        self.spare: socket.socket | None = None
 
     def received_data(self, data: BytesLike) -> None:
         if len(self.received) < _HEAD:
@@ -232,57 +289,143 @@ class _Heads:
                 break
             self.sent += bytes(chunk[: _HEAD - len(self.sent)])
 
+    def salvage(self) -> None:
+        """The connection is ending: take what the peer sent and the session did not read
+        (without waiting), then let go of the spare socket."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        try:
+            while len(self.received) < _HEAD:
+                data = spare.recv(_HEAD - len(self.received), socket.MSG_DONTWAIT)
+                if not data:
+                    break
+                self.received += data
+        except OSError:
+            pass  # nothing more (EAGAIN), or the reset itself: what came before it is kept
+        finally:
+            spare.close()
+
 
 class _HeadSink:
     # The CaptureSink protocol's names, forwarding to one _Heads (kept after the session).
     def __init__(self, heads: _Heads) -> None:
         self.received = heads.received_data
         self.sent = heads.sent_data
-
-    def close(self) -> None:
-        pass
+        self.close = heads.salvage  # called as the connection is lost, before its socket closes
 
 
 _heads: weakref.WeakKeyDictionary[polymux.Session, _Heads] = weakref.WeakKeyDictionary()
 
 
-def _mismatch(protocol: str, heads: _Heads, failed: bool = True) -> str | None:
-    """Why ``heads`` show no session of ``protocol``, or None if the peer's bytes fit it.
-
-    No session: the peer sent nothing; or its first bytes break ``protocol``; or, once the
-    session has failed, they are another format's (as :func:`detect_format` sees them)."""
-    from polymux.tracing.decode import decode_chunks
-    from polymux.tracing.detect import detect_format
-
-    received = bytes(heads.received)
-    if not received:
-        return f"the peer sent nothing back: is it a {protocol} peer? (a peer of another format says nothing)"
-    other = detect_format(b"", received)
-    if other is not None and _wire(other) != _wire(protocol):
-        records = decode_chunks(protocol, [(0, "s2c", received)], session="check", one_way=True)
-        if failed or any(r.frame_type == "violation" for r in records):
-            return f"the peer speaks {other}, not {protocol} (run both sides with the same --protocol)"
-        return None
-    records = decode_chunks(protocol, [(0, "s2c", received)], session="check", one_way=True)
-    if any(r.frame_type == "violation" for r in records):
-        return f"the peer does not speak {protocol}: its first bytes are {received[:16].hex(' ')}"
-    return None
+def _found_mismatch(error: BaseException | None) -> bool:
+    """``error`` or one of its causes is a :class:`polymux.exceptions.FormatMismatch`."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, polymux.FormatMismatch):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
 
 
-def _wire(protocol: str) -> str:
-    # One wire may carry several formats (mplex and multiplex): detection names the family.
-    return formats.get(protocol).family
+def _diagnose(
+    protocol: str,
+    heads: _Heads,
+    *,
+    error: BaseException | None = None,
+    waited: float | None = None,
+    role: str = "peer",
+) -> str | None:
+    """Why ``heads`` show no ``protocol`` session (:func:`polymux.tracing.diagnose`), or
+    None if the peer's bytes fit it (the failure came later). ``waited``: we gave up after
+    that many seconds (else the connection ended)."""
+    from polymux.tracing import diagnose
+
+    diagnosis = diagnose(
+        protocol,
+        bytes(heads.received),
+        closed=waited is None,
+        waited=waited,
+        mismatch=_found_mismatch(error),
+        peer_role=role,
+    )
+    return None if diagnosis is None else str(diagnosis)
 
 
-def peer_mismatch(session: polymux.Session) -> str | None:
+class _ClientSink:
+    """A server's capture sink: at the end of the connection, ``report(peer, why)`` when the
+    client never spoke the format (:func:`diagnosing_capture`)."""
+
+    def __init__(self, protocol: str, peer: str, report: Callable[[str, str], None]) -> None:
+        self.heads = _Heads()
+        self.protocol = protocol
+        self.peer = peer
+        self.report = report
+        self.received = self.heads.received_data  # the CaptureSink protocol's names
+        self.sent = self.heads.sent_data
+
+    def close(self) -> None:
+        why = _diagnose(self.protocol, self.heads, role="client")
+        if why is not None:
+            self.report(self.peer, why)
+
+
+def diagnosing_capture(protocol: str, report: Callable[[str, str], None]) -> Callable[..., Any]:
+    """A ``capture=`` factory for a server of ``protocol`` that keeps each connection's first
+    bytes and, when it ends, calls ``report(peer, why)`` if the client never spoke the format
+    (it sent nothing, or bytes of something else: :func:`polymux.tracing.diagnose`). Every
+    wrong-format connection is reported, handshake or not, whatever the session did."""
+
+    def factory(info: Any) -> _ClientSink:
+        return _ClientSink(protocol, info.get("peer") or "unix", report)
+
+    return factory
+
+
+def peer_mismatch(session: polymux.Session, *, waited: float | None = None) -> str | None:
     """For a session opened with :func:`connect` that has failed: a sentence saying that the
-    peer never spoke its format (it sent nothing, or bytes of another format, naming that
-    format where :func:`polymux.tracing.detect_format` recognises it), or None when the peer
-    did speak it (the failure came later, and is not a missing session)."""
+    peer never spoke its format (what it sent instead, what it speaks when that can be
+    named with confidence, and what to try: :func:`polymux.tracing.diagnose`), or None when
+    the peer did speak it (the failure came later, and is not a missing session).
+    ``waited``: the run gave up after that many seconds (the peer did not close)."""
     heads = _heads.get(session)
     if heads is None:
         return None
-    return _mismatch(session.protocol, heads)
+    heads.salvage()  # the session is over: what it did not read is read now (if not yet)
+    return _diagnose(session.protocol, heads, error=session.exception, waited=waited, role="server")
+
+
+async def _open_socket(address: Address) -> socket.socket:
+    """A connected non-blocking socket to ``address`` (each of the host's addresses in
+    turn, as ``loop.create_connection`` does)."""
+    loop = asyncio.get_running_loop()
+    if address.path is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    assert address.host is not None
+    infos = await loop.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"cannot resolve {address.host!r}")
+    for family, kind, proto, _name, where in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, where)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise error
 
 
 async def connect(
@@ -294,33 +437,43 @@ async def connect(
 ) -> polymux.Session:
     """A session to ``address``, within ``timeout`` seconds (connection and handshake).
 
-    The first bytes each way are kept (a tiny capture sink) so that :func:`peer_mismatch`
-    can later tell a peer of another format from a failure mid-way.
+    The first bytes each way are kept (a tiny capture sink), even those the session never
+    read, so that :func:`peer_mismatch` can later tell a peer of another format from a
+    failure mid-way.
 
     Raises:
         NoSession: with a message naming the address, the format and what went wrong
-            (refused, timed out, the handshake failed, the peer speaks another format).
+            (refused, timed out, the handshake failed, what the peer speaks instead).
     """
     heads = _Heads()
-    if options.get("capture") is None:
+    ours = options.get("capture") is None  # a caller's own capture: no diagnosis bytes
+    if ours:
         options["capture"] = lambda _info: _HeadSink(heads)
+    sock: socket.socket | None = None
     try:
         async with asyncio.timeout(timeout):
+            sock = await _open_socket(address)
+            if ours:
+                heads.spare = sock.dup()
             if address.path is not None:
-                session = await polymux.connect_unix(address.path, protocol=protocol, **options)
+                session = await polymux.connect_unix(None, protocol=protocol, sock=sock, **options)
             else:
-                assert address.host is not None
-                session = await polymux.connect(address.host, address.port, protocol=protocol, **options)
+                # host and port None: the socket is connected (loop.create_connection's sock=)
+                session = await polymux.connect(None, None, protocol=protocol, sock=sock, **options)  # type: ignore[arg-type]
     except TimeoutError:
         assert timeout is not None
-        why = (
-            "no answer" if not heads.sent else (_mismatch(protocol, heads) or "the handshake did not finish")
-        )
+        heads.salvage()
+        if sock is None:
+            why = "no answer to the connection request"
+        else:
+            why = _diagnose(protocol, heads, waited=timeout, role="server") or "the handshake did not finish"
         raise NoSession(f"cannot connect to {address} ({protocol}) within {timeout:g} s: {why}") from None
     except polymux.PolymuxError as exc:  # before OSError: SessionClosed is a ConnectionError too
-        reason = _mismatch(protocol, heads)
+        heads.salvage()
+        reason = _diagnose(protocol, heads, error=exc, role="server")
         raise NoSession(f"cannot connect to {address} ({protocol}): {reason or exc}") from None
     except OSError as exc:
+        heads.salvage()
         raise NoSession(f"cannot connect to {address} ({protocol}): {exc.strerror or exc}") from None
     _heads[session] = heads
     return session
@@ -375,8 +528,11 @@ async def serve_until_stopped(
 def run(coro: Coroutine[Any, Any, T], *, use_uvloop: bool = False) -> T:
     """Run ``coro`` on a new event loop (uvloop's if asked)."""
     if use_uvloop:
-        import uvloop
-
+        try:
+            uvloop = require("uvloop", "--uvloop")
+        except MissingExtra:
+            coro.close()  # never awaited: no "was never awaited" warning
+            raise
         result: T = uvloop.run(coro)
         return result
     return asyncio.run(coro)

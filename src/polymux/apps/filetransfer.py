@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -43,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
 
 from polymux import formats
+from polymux._extras import require
 from polymux.aio.session import Session
 from polymux.apps.common import format_bytes
 from polymux.apps.records import RecordError, field, read_record, write_record
@@ -418,7 +420,13 @@ class RateLimiter:
 
 def collect(paths: Iterable[Path], *, name: str | None = None) -> list[Transfer]:
     """Transfers for files and the regular files under directories (named relative to
-    the directory given). ``name`` renames a single file. Raises ``ValueError``."""
+    the directory given). ``name`` renames a single file.
+
+    Raises:
+        FileNotFoundError: a path that is neither a file nor a directory (an input that
+            cannot be read: exit status 1 in the commands).
+        ValueError: ``name`` with anything but one file (a usage error: exit status 2).
+    """
     transfers: list[Transfer] = []
     paths = list(paths)
     if name is not None and (len(paths) != 1 or not paths[0].is_file()):
@@ -430,7 +438,7 @@ def collect(paths: Iterable[Path], *, name: str | None = None) -> list[Transfer]
         elif path.is_file():
             transfers.append(Transfer(path, name if name is not None else path.name, path.stat().st_size))
         else:
-            raise ValueError(f"{path}: no such file or directory")
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", str(path))
     return transfers
 
 
@@ -665,6 +673,7 @@ class RichProgress:
     throughput (MB/s, as in the summary)."""
 
     def __init__(self, transfers: list[Transfer], *, cut: Callable[[], bool] | None = None) -> None:
+        require("rich", "--progress rich (progress bars)")
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
         from rich.table import Column
 

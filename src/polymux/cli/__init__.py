@@ -12,7 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from polymux.apps.common import EXIT_INTERRUPTED, EXIT_STATUS
+from polymux._extras import missing_extra
+from polymux.apps.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS
 
 
 __all__ = ["main"]
@@ -41,11 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``polymux`` command; return its exit status (the table in every ``--help``)."""
+    """Run the ``polymux`` command; return its exit status (the table in every ``--help``).
+
+    Ctrl-C ends it with 130 and one line; a module of an extra that is not installed
+    (pyarrow, dpkt, websockets ...) with 1 and one line naming the extra to install."""
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT
         print(f"polymux {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except ModuleNotFoundError as exc:
+        line = missing_extra(exc)
+        if line is None:
+            raise  # not an extra: a broken installation, whose traceback says more
+        print(f"polymux {args.command}: {line}", file=sys.stderr)
+        return EXIT_FAILED
     return result

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if exc.name is None or exc.name.split(".")[0] not in _EXTRAS:
             raise
         print(
-            f"polymux analyze: {exc.name} is missing; install the extras this command needs: "
+            f"polymux analyze: this needs {exc.name.split('.')[0]}, which is not installed: "
             "pip install 'polymux[spark,pcap]'",
             file=sys.stderr,
         )

@@ -2,7 +2,7 @@
 quick mode unless --full). The suite lives in benchmarks/ at the repository root, not in
 the installed package: it is looked up from the current directory upwards, then next to
 this package's source tree (an editable install), and run with the same Python. Its exit
-status is the suite's; no checkout found exits 2.
+status is the suite's; no checkout found exits 1.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polymux.apps.common import EXIT_STATUS, EXIT_USAGE
+from polymux.apps.common import EXIT_FAILED, EXIT_STATUS, size_type
 
 
 __all__ = ["find_suite", "register", "run", "suite_command"]
@@ -39,15 +39,17 @@ _VALUE_OPTIONS = {
     "--transports": "comma-separated: tcp,unix (default both)",
     "--out": "output directory (default benchmarks/results/ of the checkout)",
     "--repeat": "repeats per figure",
-    "--bulk-mib": "MiB per bulk measurement",
+    "--bulk-size": "bytes per bulk measurement, e.g. 64MiB (at least 1MiB)",
     "--bulk-channels": "bulk channel counts, e.g. 1,16,256",
     "--messages": "messages per small-message measurement",
     "--seconds": "seconds per rr / churn measurement",
     "--scale-counts": "idle channel counts, e.g. 10000,100000",
-    "--slow-mib": "MiB sent into the slow reader",
+    "--slow-size": "bytes sent into the slow reader, e.g. 8MiB (at least 1MiB)",
 }
+_SIZES = ("--bulk-size", "--slow-size")  # checked here with the one size parser, passed in bytes
 _FLAGS = {
     "--no-node": "no Node reference rows",
+    "--no-go": "no Go reference rows",
     "--no-pin": "do not pin the sending and receiving processes to CPUs of their own",
     "--quiet": "no progress lines",
 }
@@ -62,11 +64,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument("--full", action="store_true", help="the full sizes (takes long)")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the quick sizes (the default)")
+    mode.add_argument("--full", action="store_true", help="the full sizes (takes long)")
     for name, text in _VALUE_OPTIONS.items():
-        bench.add_argument(name, help=text)
+        if name in _SIZES:
+            bench.add_argument(name, type=size_type(1 << 20), metavar="SIZE", help=text)
+        else:
+            bench.add_argument(name, help=text)
     for name, text in _FLAGS.items():
-        bench.add_argument(name, action="store_true", help=text)
+        names = (name, "-q") if name == "--quiet" else (name,)
+        bench.add_argument(*names, action="store_true", help=text)
     bench.set_defaults(func=run, parser=bench)
 
 
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             "polymux source checkout (git clone ...; cd polymux; polymux bench)",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return EXIT_FAILED
     if args.out is not None:
         args.out = str(Path(args.out).resolve())  # the suite runs in the checkout
     env = dict(os.environ)

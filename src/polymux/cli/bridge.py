@@ -19,8 +19,9 @@ when given port 0 ("polymux bridge: mplex on tcp:127.0.0.1:4001 -> yamux on
 tcp:10.0.0.5:4002"); one line per session and per channel goes to stderr. Ctrl-C or
 SIGTERM stops it cleanly: it stops listening, closes both sides of every session (bounded
 by close_timeout), removes its unix socket, prints a summary and exits 0. A bridge that
-cannot listen exits 1. A session whose CONNECT side cannot be opened is closed, its
-channels reset with the reason; the bridge goes on.
+cannot listen exits 1. A session whose CONNECT side cannot be opened is kept for a moment
+(2 s at most) so that the channels its client opens are reset with the reason (as text
+where the format carries one), then closed; the bridge goes on.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS,
+    MIN_SESSION_MEMORY,
+    MIN_WINDOW,
+    MIN_WRITE_BUFFER,
     format_bytes,
     run as run_loop,
+    seconds,
+    seconds_or_off,
     serve_until_stopped,
-    size,
+    size_type,
 )
 from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
 
@@ -46,26 +52,6 @@ from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
 __all__ = ["register", "run"]
 
 logger = logging.getLogger("polymux.bridge")
-
-
-def _seconds_or_off(text: str) -> float | None:
-    """A positive number of seconds, or ``off``."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (or 'off')") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r} (or 'off')")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = _seconds_or_off(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds: {text!r}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,15 +85,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--window",
-        type=size,
+        type=size_type(MIN_WINDOW),
         metavar="SIZE",
-        help="receive window per channel on both sides (SessionConfig.receive_window), e.g. 256KiB",
+        help="receive window per channel on both sides (SessionConfig.receive_window), e.g. 256KiB; "
+        "at least 4KiB",
     )
     parser.add_argument(
         "--write-buffer",
-        type=size,
+        type=size_type(MIN_WRITE_BUFFER),
         metavar="SIZE",
-        help="unsent bytes per channel before the copy waits (SessionConfig.write_buffer_high), e.g. 64KiB",
+        help="unsent bytes per channel before the copy waits (SessionConfig.write_buffer_high), e.g. "
+        "64KiB; at least 1KiB",
     )
     parser.add_argument(
         "--capture-listen",
@@ -127,37 +115,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=1024,
         metavar="N",
-        help="sessions accepted at once, each with its session on CONNECT; more are dropped (default 1024)",
+        help="sessions accepted at once, each with its session on CONNECT, counted from the accept; when full, "
+        "connections that never spoke are closed first, then new ones dropped (default 1024)",
     )
     limits.add_argument(
         "--max-session-memory",
-        type=size,
-        metavar="BYTES",
-        help="per-connection budget of unread + unsent bytes, e.g. 32M (default 32 MiB)",
+        type=size_type(MIN_SESSION_MEMORY),
+        metavar="SIZE",
+        help="budget of unread + unsent bytes per bridged pair (the accepted session and its session on "
+        "CONNECT, half each), e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
-        help="seconds a session may take to connect and complete its handshake (default 10)",
+        help="seconds a session may take to connect and complete its handshake, and a LISTEN "
+        "connection to send its first frame (default 10)",
     )
     limits.add_argument(
         "--idle-timeout",
-        type=_seconds_or_off,
+        type=seconds_or_off,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds a session with no channels may stay silent before it is closed, or off (default 300)",
     )
     limits.add_argument(
         "--keepalive-interval",
-        type=_seconds_or_off,
+        type=seconds_or_off,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds between keepalive pings on formats with pings, or off (default 15)",
     )
     limits.add_argument(
         "--keepalive-timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="seconds a ping may go unanswered before the session fails (default 10)",
     )
@@ -209,12 +200,10 @@ def run(args: argparse.Namespace) -> int:
     for side, directory in (("listen", args.capture_listen), ("connect", args.capture_connect)):
         if directory is None:
             continue
-        try:
-            from polymux.tracing import CaptureRecorder
+        from polymux.tracing import CaptureRecorder
 
-            recorder = CaptureRecorder(directory)
-        except ImportError:
-            args.parser.error(f"--capture-{side} needs pyarrow (pip install pyarrow)")
+        try:
+            recorder = CaptureRecorder(directory)  # without pyarrow: MissingExtra, one line (cli.main)
         except OSError as exc:
             args.parser.error(f"--capture-{side}: {exc}")
         recorders.append(recorder)

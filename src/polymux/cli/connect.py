@@ -12,7 +12,7 @@ Each channel gets its own pattern (a pseudo-random block per channel, or --patte
 repeated), so an echo on the wrong channel is caught. --timeout bounds the whole run,
 connection and handshake included. A peer that speaks another wire format is named as
 such (exit status 3, like a connection that cannot be made); a channel that fails, an
-echo that differs or a run that times out exits 1.
+echo that differs, a run that times out or a --file that cannot be read exits 1.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from polymux.apps.common import (
     run as run_loop,
     session_options,
     size,
+    size_type,
     two_way,
 )
 
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=size,
         default=16 * 1024 * 1024,
         metavar="SIZE",
-        help="bytes per channel, with an optional unit: 1048576, 512KiB, 16MiB (default 16MiB)",
+        help="bytes per channel: 1048576 (bytes), 512KiB, 16MiB (default 16MiB)",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
@@ -83,7 +84,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--send-only", action="store_true", help="do not expect an echo (for polymux serve --discard)"
     )
     parser.add_argument(
-        "--chunk", type=size, default=64 * 1024, metavar="SIZE", help="write size (default 64KiB)"
+        "--chunk",
+        type=size_type(64),
+        default=64 * 1024,
+        metavar="SIZE",
+        help="write size (default 64KiB; at least 64 bytes)",
     )
     parser.add_argument(
         "--timeout",
@@ -135,15 +140,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
     fd = None
-    if args.file is not None:
+    if args.file is not None:  # an input that cannot be read (or is empty) fails the work: 1
         try:
             fd = os.open(args.file, os.O_RDONLY)
+            args.size = os.fstat(fd).st_size
         except OSError as exc:
-            args.parser.error(f"--file: {exc}")
-        assert fd is not None
-        args.size = os.fstat(fd).st_size
+            print(f"polymux connect: cannot read --file {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
         if args.size == 0:
-            args.parser.error(f"--file: {args.file} is empty")
+            os.close(fd)
+            print(f"polymux connect: --file {args.file} is empty: nothing to send", file=sys.stderr)
+            return EXIT_FAILED
     # Every failure reaches the channels and is reported below, with the diagnosis; the
     # library's own warning about it would only repeat it, unformatted.
     logging.getLogger("polymux").setLevel(logging.ERROR)
@@ -187,6 +194,7 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
     written = [0] * args.channels
     start = time.perf_counter()
     errors: list[str] = []
+    waited: float | None = None  # the run timed out: the peer stayed silent, it did not close
     try:
         async with asyncio.timeout_at(deadline):
             results = await asyncio.gather(
@@ -202,9 +210,10 @@ async def _main(args: argparse.Namespace, address: Address, options: dict[str, A
                 errors.append(f"the session failed: {session.exception}")
     except TimeoutError:
         errors.append(f"timed out after {args.timeout:g} s")
+        waited = args.timeout
         session.abort()
     elapsed = time.perf_counter() - start
-    if errors and (why := peer_mismatch(session)) is not None:
+    if errors and (why := peer_mismatch(session, waited=waited)) is not None:
         # Nothing of our format ever came back: there was no session, whatever the channels say.
         _fail(args, address, f"no {protocol} session with {address}: {why}")
         return EXIT_NO_SESSION

@@ -1,6 +1,8 @@
-"""polymux decode: list the frames in a capture, per connection and direction.
+"""polymux decode: list the frames in captures, per connection and direction.
 
-FILE is one of:
+INPUT is a file, a folder (searched recursively for capture files, as polymux analyze
+does: *.pmcap.parquet, *.pmframes.parquet, *.pcap, *.pcapng; the rotated files of one
+session are decoded as one) or a glob pattern; several may be given. A file is one of:
 
   - a pcap or pcapng file (tcpdump, tshark, dumpcap): its TCP flows are reassembled and
     each is decoded;
@@ -13,8 +15,9 @@ FILE is one of:
 
 The format of a flow is --protocol's, else the one a polymux capture records, else the
 one polymux.tracing.detect tells from the first bytes (with its evidence and
-confidence; "ambiguous: mplex or multiplex" where the bytes cannot tell, decoded as mplex
-first). A detected format that runs into a violation early is retried under the other
+confidence; "ambiguous: mplex or multiplex" where the bytes cannot tell: the connection's
+first line then says "mplex or multiplex", the one wire both speak, and the frames are
+decoded with the mplex codec unless it fails). A detected format that runs into a violation early is retried under the other
 candidates before a violation is listed. --protocol FORMAT applies to every flow;
 --protocol PATTERN=FORMAT (repeatable) to the flows whose session id matches the
 pattern (fnmatch; a TCP flow's id is client-server, e.g. '*:9000=yamux'). Flows
@@ -27,19 +30,24 @@ has one. Each connection starts with two == lines: session, format and where fro
 the format was chosen. --json prints one JSON object per frame instead (the fields of
 polymux.tracing.FRAME_FIELDS; how the format was chosen goes to stderr when it was
 ambiguous or retried). Protocol violations are listed as violation frames (the exit
-status stays 0); a FILE that cannot be read or decoded exits 1. Needs the pcap extra
-for packet captures and pyarrow for polymux captures.
+status stays 0); an INPUT that cannot be read or decoded, or a folder or pattern without
+a capture file, is named on stderr, the others are decoded, and the status is 1. Needs the
+pcap extra for packet captures and the capture extra (pyarrow) for polymux captures.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from polymux._extras import require
 from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 from polymux.wire import PROTOCOLS
 
@@ -61,9 +69,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "file",
-        metavar="FILE",
-        help="pcap/pcapng, *.pmcap.parquet, *.pmframes.parquet, or raw bytes of one direction",
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="pcap/pcapng, *.pmcap.parquet, *.pmframes.parquet or raw bytes of one direction; "
+        "folders and glob patterns (capture files in them)",
     )
     p.add_argument(
         "--protocol",
@@ -123,12 +133,58 @@ class _Connection:
         """Records as recorded (a frames file): listed, not decoded."""
 
 
-def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
-    from polymux.tracing import forced_format, read_capture, read_pcap
+@dataclass
+class _Input:
+    """One thing to decode: a file named on the command line (its kind told by its bytes),
+    or capture files found in a folder or by a pattern (``kind`` from their names; a
+    rotated session's files together)."""
+
+    kind: str
+    """``"named"``, ``"capture"``, ``"frames"`` or ``"pcap"``."""
+    paths: list[Path]
+
+
+def _inputs(texts: list[str]) -> Iterator[_Input | _Unreadable]:
+    """The inputs of the command line, in order; a folder or pattern without a capture
+    file gives an :class:`_Unreadable` in its place."""
+    from polymux.tracing.inputs import find_inputs
+
+    for text in texts:
+        if os.path.isfile(text) or not (os.path.isdir(text) or glob.has_magic(text)):
+            yield _Input("named", [Path(text)])  # a missing one says so when it is read
+            continue
+        try:
+            found = find_inputs([text])
+        except ValueError as exc:
+            yield _Unreadable(str(exc))
+            continue
+        sessions: dict[str, list[Path]] = {}
+        for entry in found:
+            if entry.kind == "capture":
+                sessions.setdefault(entry.unit, []).append(Path(entry.path))
+            else:
+                yield _Input(entry.kind, [Path(entry.path)])
+        for parts in sessions.values():
+            yield _Input("capture", parts)
+
+
+def _connections(args: argparse.Namespace, item: _Input) -> Iterator[_Connection]:
+    from polymux.tracing import forced_format, read_capture, read_pcap, read_session
     from polymux.tracing.capture import RAW_SUFFIX, read_frames
 
     protocols = args.protocols
-    path = Path(args.file)
+    path = item.paths[0]
+    if item.kind == "capture":  # the files of one session, found in a folder
+        try:
+            cap = read_session(item.paths)
+        except (OSError, ValueError) as exc:
+            raise _Unreadable(str(exc)) from None
+        forced = forced_format(cap.session, protocols)
+        parts = f"{len(item.paths)} files" if len(item.paths) > 1 else f"part {cap.seq}"
+        title = f"{cap.role} {cap.local or '?'}, peer {cap.peer or '?'} (polymux capture, {parts})"
+        how = "forced (--protocol)" if forced else "recorded in the capture"
+        yield _Connection(cap.session, cap.chunks, title, forced or cap.format, how)
+        return
     try:
         kind = _kind(path)
     except OSError as exc:
@@ -191,7 +247,7 @@ def _connections(args: argparse.Namespace) -> Iterator[_Connection]:
 
 def _is_frames_file(path: Path) -> bool:
     """A Parquet file with the frames file's version key (not a capture)."""
-    import pyarrow.parquet as pq
+    pq = require("pyarrow.parquet", "decoding a polymux capture")
 
     try:
         meta = pq.read_schema(path).metadata or {}
@@ -232,54 +288,81 @@ def _print_table(conn: _Connection, fmt: str, how: str, records: Iterable[FrameR
 
 
 def run(args: argparse.Namespace) -> int:
-    """Decode and print; 0 on success, 1 when the file cannot be read or decoded."""
-    from polymux.tracing import DecodedFlow, decode_flow, parse_protocols
-
+    """Decode and print every input; 0 on success, 1 when one cannot be read or decoded
+    (the others are decoded all the same)."""
     try:
-        args.protocols = parse_protocols(args.protocol)
+        args.protocols = _protocols(args.protocol)
     except ValueError as exc:
         args.parser.error(str(exc))
     out = sys.stdout
     status = EXIT_OK
+    first = True
     try:
-        first = True
-        seen = 0
-        for conn in _connections(args):
-            seen += 1
-            if conn.records is not None:
-                flow = DecodedFlow(conn.format, conn.how, None, iter(conn.records))
-            else:
-                flow = decode_flow(
-                    conn.chunks, session=conn.session, format=conn.format, how=conn.how, one_way=conn.one_way
-                )
-            if flow.format is None:
-                why = flow.detection.evidence if flow.detection is not None else flow.how
-                print(
-                    f"polymux decode: {conn.session}: the format is not recognised; name it with "
-                    f"--protocol ({why})",
-                    file=sys.stderr,
-                )
+        for item in _inputs(args.inputs):
+            if isinstance(item, _Unreadable):
+                print(f"polymux decode: {item}", file=sys.stderr)
                 status = EXIT_FAILED
                 continue
-            if args.json:
-                detection = flow.detection
-                if detection is not None and (detection.ambiguous or flow.format != detection.format):
-                    print(f"polymux decode: {conn.session}: {flow.how}", file=sys.stderr)
-                for r in flow.records:
-                    out.write(json.dumps(r._asdict(), separators=(",", ":"), ensure_ascii=False) + "\n")
-            else:
-                if not first:
-                    out.write("\n")
-                _print_table(conn, flow.format, flow.how, flow.records, out)
-            first = False
+            try:
+                decoded, first = _decode(args, item, out, first)
+            except _Unreadable as exc:
+                print(f"polymux decode: {exc}", file=sys.stderr)
+                status = EXIT_FAILED
+                continue
+            if decoded is None:
+                status = EXIT_FAILED
+            elif decoded == 0:
+                where = item.paths[0]
+                print(f"polymux decode: {where}: no TCP connection with payload in it", file=sys.stderr)
+                status = EXIT_FAILED
         out.flush()
-        if not seen:
-            print(f"polymux decode: {args.file}: no TCP connection with payload in it", file=sys.stderr)
-            return EXIT_FAILED
-    except _Unreadable as exc:
-        print(f"polymux decode: {exc}", file=sys.stderr)
-        return EXIT_FAILED
     except BrokenPipeError:  # decode ... | head
         sys.stderr.close()
         return EXIT_OK
     return status
+
+
+def _protocols(values: list[str] | None) -> dict[str, str] | None:
+    from polymux.tracing import parse_protocols
+
+    return parse_protocols(values)
+
+
+def _decode(args: argparse.Namespace, item: _Input, out: TextIO, first: bool) -> tuple[int | None, bool]:
+    """Print the connections of one input: ``(how many, first)``; how many is None when a
+    connection's format could not be recognised."""
+    from polymux.tracing import DecodedFlow, decode_flow
+
+    seen = 0
+    unrecognised = False
+    for conn in _connections(args, item):
+        seen += 1
+        if conn.records is not None:
+            flow = DecodedFlow(conn.format, conn.how, None, iter(conn.records))
+        else:
+            flow = decode_flow(
+                conn.chunks, session=conn.session, format=conn.format, how=conn.how, one_way=conn.one_way
+            )
+        if flow.format is None:
+            why = flow.detection.evidence if flow.detection is not None else flow.how
+            print(
+                f"polymux decode: {conn.session}: the format is not recognised; name it with "
+                f"--protocol ({why})",
+                file=sys.stderr,
+            )
+            unrecognised = True
+            continue
+        if args.json:
+            detection = flow.detection
+            if detection is not None and (detection.ambiguous or flow.format != detection.format):
+                print(f"polymux decode: {conn.session}: {flow.how}", file=sys.stderr)
+            out.writelines(
+                json.dumps(r._asdict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+                for r in flow.records
+            )
+        else:
+            if not first:
+                out.write("\n")
+            _print_table(conn, flow.label, flow.how, flow.records, out)
+        first = False
+    return (None if unrecognised else seen), first

@@ -26,7 +26,7 @@ from polymux.apps.common import (
     conversation_options,
     format_bytes,
     run as run_loop,
-    size,
+    size_type,
 )
 from polymux.apps.filetransfer import Receiver, Transfer, send_with_progress, summary
 
@@ -53,16 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument("--files", type=int, default=16, help="files, one channel each (default 16)")
     demo.add_argument(
         "--total",
-        type=size,
+        "--size",
+        type=size_type(1024),
         default=64 << 20,
         metavar="SIZE",
-        help="bytes in all the files together, with an optional unit: 256MiB, 1GiB (default 64MiB)",
-    )
-    demo.add_argument(
-        "--size",
-        type=float,
-        metavar="MIB",
-        help="the old spelling of --total, in MiB without a unit (--size 256 = --total 256MiB)",
+        help="bytes in all the files together: 256MiB, 1GiB; a number without a unit is bytes, as "
+        "everywhere (default 64MiB; at least 1KiB)",
     )
     demo.add_argument("--parallel", type=int, default=8, help="channels in flight at once (default 8)")
     demo.add_argument(
@@ -86,10 +82,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo."""
-    if args.size is not None:  # the old spelling: MiB in all
-        if args.size <= 0:
-            args.parser.error(f"--size must be a positive number of MiB, got {args.size:g}")
-        args.total = int(args.size * (1 << 20))
     if args.files < 1 or args.parallel < 1:
         args.parser.error("--files and --parallel must be >= 1")
     if args.total < args.files:

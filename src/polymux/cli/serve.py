@@ -1,5 +1,6 @@
 """polymux serve: a server that echoes (or discards) every channel of every session,
-logging one line per channel on stderr (name, peer, bytes in and out, seconds, outcome).
+logging one line per channel on stderr (name, peer, bytes in and out, seconds, outcome),
+and one per connection whose client never spoke the format (what it sent instead).
 
 The first line on stdout says what it does and where it listens, with the real port when
 given --tcp HOST:0, for every format ("polymux serve: echo yamux on tcp:127.0.0.1:9000").
@@ -24,19 +25,21 @@ from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_STATUS,
+    MIN_SESSION_MEMORY,
     Address,
     add_address_options,
     add_session_options,
+    diagnosing_capture,
     format_bytes,
     listen,
     listening_on,
     parse_address,
-    parse_size,
     run as run_loop,
     seconds,
     seconds_or_off,
     serve_until_stopped,
     session_options,
+    size_type,
     two_way,
 )
 
@@ -51,6 +54,7 @@ class _Totals:
     sessions: int = 0
     channels: int = 0
     failed: int = 0
+    refused: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -81,9 +85,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     limits.add_argument(
         "--max-session-memory",
-        type=parse_size,
-        metavar="BYTES",
-        help="per-connection budget of unread + unsent bytes, e.g. 32M (default 32 MiB)",
+        type=size_type(MIN_SESSION_MEMORY),
+        metavar="SIZE",
+        help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",
@@ -193,6 +197,11 @@ async def _serve(
         totals.sessions += 1
         logger.info("session from %s (%s)", _fmt_peer(session.get_extra_info("peername") or "unix"), protocol)
 
+    def not_a_session(peer: str, why: str) -> None:
+        # Every connection whose client never spoke the format, handshake or not.
+        totals.refused += 1
+        logger.warning("connection from %s: no %s session: %s", peer, protocol, why)
+
     try:
         server = await listen(
             address,
@@ -200,6 +209,7 @@ async def _serve(
             protocol,
             session_handler=session_opened,
             max_connections=max_connections,
+            capture=diagnosing_capture(protocol, not_a_session),
             **options,
         )
     except OSError as exc:
@@ -216,7 +226,9 @@ async def _serve(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address.path)
     print(
-        f"polymux serve: stopped; {totals.sessions} sessions, {totals.channels} channels "
+        f"polymux serve: stopped; {totals.sessions} sessions, "
+        + (f"{totals.refused} connections without one, " if totals.refused else "")
+        + f"{totals.channels} channels "
         f"({totals.failed} failed), {format_bytes(totals.bytes_in)} in, {format_bytes(totals.bytes_out)} out",
         flush=True,
     )

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-from polymux.pipeline.ingest import INGEST_SETTINGS, ProtocolChoice, find_inputs, ingest
+from polymux.pipeline.ingest import INGEST_SETTINGS, InputFile, ProtocolChoice, find_inputs, ingest
 from polymux.pipeline.page import write_html
 from polymux.pipeline.reports import REPORTS, SORT_KEYS, reports
-from polymux.pipeline.spark import Progress, build_session, sql_conf, under_spark_submit
+from polymux.pipeline.spark import Progress, build_session, sql_conf, stop_quietly, under_spark_submit
 
 
 __all__ = ["Summary", "analyze", "collect_reports", "report_settings", "write_reports"]
@@ -98,12 +98,24 @@ def analyze(
     folder = Path(out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     files = find_inputs(inputs)
+    ours = spark is None
     if spark is None:
         with steps.stage("spark") as info:
             spark = build_session(master, fast_start=fast_start)
             info["detail"] = f"master {spark.sparkContext.master}" + (
                 ", from spark-submit" if under_spark_submit() else ""
             )
+    try:
+        return _run(spark, files, folder, protocol, steps)
+    except KeyboardInterrupt:  # Ctrl-C: no Java stacks of killed tasks after "interrupted"
+        stop_quietly(spark, stop=ours and not under_spark_submit())
+        raise
+
+
+def _run(
+    spark: SparkSession, files: list[InputFile], folder: Path, protocol: ProtocolChoice, steps: Progress
+) -> Summary:
+    """The stages after the session is there: ingest, reports, html."""
     table_dir = folder / "frames"
     if table_dir.exists():
         shutil.rmtree(table_dir)

@@ -14,7 +14,10 @@ Facts this module relies on (measured on PySpark 4.3, see docs/pipeline.md):
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-__all__ = ["Progress", "build_session", "sql_conf", "under_spark_submit"]
+__all__ = ["Progress", "build_session", "sql_conf", "stop_quietly", "under_spark_submit"]
 
 _LOG4J2 = """\
 # Written by polymux.pipeline: Spark logs errors only.
@@ -94,6 +97,8 @@ def build_session(
     """
     from pyspark.sql import SparkSession
 
+    if quiet:
+        _drop_py4j_send_errors()  # a Ctrl-C while the JVM starts: py4j's traceback of it
     if under_spark_submit():
         spark = SparkSession.builder.appName(app_name).getOrCreate()
         if quiet:
@@ -121,10 +126,69 @@ def build_session(
         builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    before = _children()
+    try:
+        spark = builder.getOrCreate()
+    except KeyboardInterrupt:
+        # Ctrl-C while the JVM starts: pyspark stops waiting for it and removes the folder
+        # it was to write into, and the JVM, which ignores SIGINT, would print a Java stack
+        # about that after we exited. It is ours and half-started: end it now.
+        for pid in _children() - before:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _children() -> set[int]:
+    """The processes this one started (Linux: /proc; elsewhere none are known)."""
+    me = os.getpid()
+    found: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:  # the field after the state: ppid
+            found.add(int(name))
+    return found
+
+
+def stop_quietly(spark: SparkSession, *, stop: bool = True) -> None:
+    """After Ctrl-C: Spark's logging off (every task killed would log an error with its
+    Java stack), the jobs cancelled, and the session stopped if ``stop`` (before the driver
+    exits, so the JVM says nothing after it). Errors are ignored: the JVM may be going too."""
+    _drop_py4j_send_errors()
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")
+        spark.sparkContext.cancelAllJobs()
+        if stop:
+            spark.stop()
+
+
+class _DropPy4jSendErrors(logging.Filter):
+    """Drops py4j's "... while sending command." records (it logs them on the root logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().endswith("while sending command.")
+
+
+def _drop_py4j_send_errors() -> None:
+    """Drop py4j's "... while sending command." records from now on: it logs them, with
+    tracebacks, on the root logger when a call is interrupted (Ctrl-C) or the JVM is gone;
+    the call raises all the same."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropPy4jSendErrors) for f in root.filters):
+        root.addFilter(_DropPy4jSendErrors())
 
 
 @contextmanager

@@ -56,7 +56,7 @@ from polymux.session.lifecycle import Lifecycle
 from polymux.session.liveness import BUSY_READ, STALL_TIMEOUT_WITHOUT_CREDIT, Liveness
 from polymux.session.offers import NoRoomToOpen, OfferFilter, Offers
 from polymux.session.pairs import PAIR, Pairs
-from polymux.session.peer import PeerEvents
+from polymux.session.peer import EARLY, FIRST_BYTES, PeerEvents, mismatch
 from polymux.session.requests import Requests
 from polymux.session.scheduler import Scheduler
 
@@ -126,6 +126,8 @@ class SessionCore:
         """The peer's go-away, once it sent one."""
         self.lost = False
         """The connection is gone."""
+        self._peer_received = 0  # bytes from the peer, counted up to EARLY
+        self._peer_first = b""  # its first FIRST_BYTES bytes
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the clocks start (and, without a handshake, the session is
@@ -233,10 +235,15 @@ class SessionCore:
         self.now = now
         engine = self.engine
         engine.now = now
+        early = self._peer_received < EARLY
+        if early:  # the peer's first bytes: kept to tell a peer of another protocol
+            self._peer_received += len(data)
+            if len(self._peer_first) < FIRST_BYTES:
+                self._peer_first += bytes(data[: FIRST_BYTES - len(self._peer_first)])
         try:
             events = engine.receive_data(data)
         except ProtocolError as exc:
-            self._fail(exc)
+            self._fail(mismatch(self.format, exc, self._peer_first) if early else exc)
             return
         if events or engine.has_output:
             # Whole frames arrived (bytes of a frame that never ends do not count).
@@ -262,9 +269,10 @@ class SessionCore:
         self.closing = True
         try:
             self.engine.receive_eof()
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # the connection ended inside a frame
             if self.error is None:
-                self.error = exc
+                early = 0 < self._peer_received < EARLY  # all it ever sent: a few bytes
+                self.error = mismatch(self.format, exc, self._peer_first) if early else exc
                 self.failed = True
 
     def connection_lost(self, exc: BaseException | None) -> None:

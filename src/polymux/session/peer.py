@@ -8,6 +8,10 @@ rate, refused by the limits and the filter, answered at once when they are half 
 stream pair), its handshake, go-away, ping answers and control messages. It changes
 channels only through their state tables (:mod:`polymux.session.channels`) and the
 core's own calls (``finish``, ``reset``, ``close_channel`` ...).
+
+A violation in the peer's very first bytes is most likely a peer of another protocol:
+:func:`mismatch` turns it into a :class:`~polymux.exceptions.FormatMismatch` naming what
+the peer sent.
 """
 
 from __future__ import annotations
@@ -16,17 +20,56 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polymux.engine import events as ev
-from polymux.exceptions import ChannelClosedError, ChannelRejected, ChannelReset, PolymuxError, SessionClosed
+from polymux.exceptions import (
+    ChannelClosedError,
+    ChannelRejected,
+    ChannelReset,
+    FormatMismatch,
+    PolymuxError,
+    ProtocolError,
+    SessionClosed,
+)
 from polymux.session import events as ce
 from polymux.session.channels import CoreChannel, Receiving, Step
 from polymux.session.pairs import REPLY, pair_role
+from polymux.sniff import identify, show
 
 
 if TYPE_CHECKING:  # typing only: the core imports this module, not the other way
     from polymux.session.core import SessionCore
 
 
-__all__ = ["PeerEvents"]
+__all__ = ["EARLY", "FIRST_BYTES", "PeerEvents", "mismatch"]
+
+EARLY = 4096
+"""A violation in a read that starts within the peer's first this many bytes means that the
+peer probably speaks another protocol: :class:`FormatMismatch`."""
+FIRST_BYTES = 64
+"""The peer's first bytes kept for that diagnosis."""
+
+
+def mismatch(fmt: str, error: ProtocolError, first: bytes) -> ProtocolError:
+    """``error`` (a violation in the peer's first bytes ``first``) as the diagnosis it is:
+    a :class:`FormatMismatch` saying what the peer sent and, where the bytes tell, what it
+    is. A more precise error (a flow-control overrun, a failed negotiation: each needs
+    bytes of the format) stays what it is."""
+    if type(error) is not ProtocolError:
+        return error
+    foreign = identify(first)
+    if foreign is not None:
+        detail = (
+            f"the peer speaks {foreign.name}, not {fmt}: it sent {foreign.what}, so it is "
+            f"{foreign.peer} (as {fmt}: {error.detail})"
+        )
+    else:
+        detail = (
+            f"the peer's first bytes are not {fmt}: it probably speaks another protocol or "
+            f"another multiplexing format (it sent {show(first)}; as {fmt}: {error.detail})"
+        )
+    found = FormatMismatch(fmt, detail, first, foreign.name if foreign else None)
+    found.__cause__ = error
+    return found
+
 
 _READING = Receiving.OPEN
 _ANSWER = Receiving.ANSWER

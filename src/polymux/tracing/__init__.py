@@ -13,6 +13,9 @@
   evidence, a confidence, and "ambiguous: mplex or multiplex" where the bytes cannot
   tell); :func:`decode_flow` decodes a connection as the detected format, retrying the
   other candidates when it fails early; :func:`detect_format` is the short form.
+* :func:`diagnose` says why there is no session with a peer from its first bytes: what it
+  sent, what it speaks when that can be named with confidence (another format, HTTP, TLS,
+  SSH), and what to try.
 
 The file format and the record fields are documented in ``docs/tracing.md``. Nothing here
 imports pyspark; pyarrow (captures) and dpkt (pcap) are imported when used.
@@ -40,6 +43,7 @@ from polymux.tracing.detect import (
     heads,
     parse_protocols,
 )
+from polymux.tracing.diagnose import NAME_CONFIDENCE, Diagnosis, diagnose
 from polymux.tracing.pcap import Flow, read_pcap, read_pcap_bytes
 from polymux.tracing.records import C2S, FRAME_FIELDS, FRAME_TYPES, S2C, Chunk, FrameRecord, frame_schema
 
@@ -49,12 +53,14 @@ __all__ = [
     "CAPTURE_VERSION",
     "FRAME_FIELDS",
     "FRAME_TYPES",
+    "NAME_CONFIDENCE",
     "S2C",
     "Capture",
     "CaptureRecorder",
     "Chunk",
     "DecodedFlow",
     "Detection",
+    "Diagnosis",
     "Flow",
     "FrameDecoder",
     "FrameRecord",
@@ -63,6 +69,7 @@ __all__ = [
     "detect",
     "detect_chunks",
     "detect_format",
+    "diagnose",
     "forced_format",
     "frame_schema",
     "heads",

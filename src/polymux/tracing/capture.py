@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeAlias
 
+from polymux._extras import require
 from polymux._types import BytesLike
 from polymux.tracing.records import C2S, S2C, Chunk, FrameRecord, frame_schema
 
@@ -200,6 +201,7 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
     """Read one ``*.pmcap.parquet`` file (or a raw pair not converted yet: ``*.pmcap.raw``
     and its ``*.pmcap.idx``). Raises ``OSError`` if it cannot be read and ``ValueError``
     if it is not a polymux capture (naming the file and what is wrong)."""
+    require("pyarrow", "reading a polymux capture")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -223,6 +225,7 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
 def read_capture_bytes(data: BytesLike, *, name: str = "capture") -> Capture:
     """Like :func:`read_capture`, from the file's contents (Spark's ``binaryFile`` gives
     bytes). ``name`` is used in error messages."""
+    require("pyarrow", "reading a polymux capture")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -485,6 +488,7 @@ def _frames_from_table(table: pa.Table, where: str) -> Frames:
 def read_frames(path: str | os.PathLike[str]) -> Frames:
     """Read one ``*.pmframes.parquet`` file. Raises ``OSError`` if it cannot be read and
     ``ValueError`` if it is not a polymux frames file (naming the file and what is wrong)."""
+    require("pyarrow", "reading a polymux frames file")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -498,6 +502,7 @@ def read_frames(path: str | os.PathLike[str]) -> Frames:
 
 def read_frames_bytes(data: BytesLike, *, name: str = "frames") -> Frames:
     """Like :func:`read_frames`, from the file's contents. ``name`` is used in errors."""
+    require("pyarrow", "reading a polymux frames file")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1059,6 +1064,7 @@ def _prepare_writer() -> None:
     handlers fail ("can't register atexit after shutdown": pyarrow's first array built from
     Python objects imports its pandas shim, which imports concurrent.futures), so the
     capture would be lost. Building small tables now does all of that while it can."""
+    require("pyarrow", "CaptureRecorder (recording polymux captures)")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

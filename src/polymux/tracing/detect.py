@@ -189,6 +189,13 @@ def _small_ids(records: list[FrameRecord]) -> bool:
     return True
 
 
+def _session_frame(record: FrameRecord) -> bool:
+    """A yamux ping (SYN or ACK) or go-away on stream 0, whole."""
+    if record.channel != "" or record.frame_type not in ("ping", "pong", "go_away"):
+        return False
+    return record.flags in ((0,) if record.frame_type == "go_away" else (1, 2))
+
+
 def _frames(records: list[FrameRecord]) -> int:
     """Whole frames among ``records`` (one frame may give several records)."""
     return len({(r.direction, r.offset) for r in records if r.frame_type != "truncated"})
@@ -272,6 +279,12 @@ def _frame_fits(heads: dict[str, bytes]) -> list[_Fit]:
         ):
             first = _first(records, C2S) or _first(records, S2C)
             add("yamux", records, f"the first: {first.frame_type if first else '?'}")
+            if first is not None and _session_frame(first):
+                # A ping or go-away on stream 0: 8 of its 12 bytes are fixed (version,
+                # type, flags, stream id): as telling as a magic number. A yamux server
+                # pings at once, and answers bytes it cannot parse with a go-away.
+                fits[-1].confidence = max(fits[-1].confidence, 0.95)
+                fits[-1].evidence += f" on stream 0 (a yamux {first.frame_type}: 8 of its 12 bytes are fixed)"
     if all(h[0] in (0x93, 0x94) for h in hs):
         records = _decode("mstream-v3", c2s, s2c)
         if records is not None and _starts(records, heads, ("open", "open_ack", "data")):
@@ -319,7 +332,7 @@ def _mplex_fits(heads: dict[str, bytes]) -> list[_Fit]:
     records = strict if strict is not None else _decode("multiplex", c2s, s2c)
     if records is None or not _starts(records, heads, ("open",), ("data", "end", "reset")):
         return []
-    if not _small_ids(records):
+    if not _small_ids(records) or _reopens(heads):
         return []
     n = _frames(records)
     conf = _frame_confidence(n)
@@ -344,6 +357,28 @@ def _mplex_fits(heads: dict[str, bytes]) -> list[_Fit]:
         _Fit("mplex", conf, f"{base}; {why}"),
         _Fit("multiplex", conf, f"{base}; {why}"),
     ]
+
+
+def _reopens(heads: dict[str, bytes]) -> bool:
+    """A NewStream for an id its sender already has open: what no mplex or multiplex peer
+    sends (their sessions end on it), and what other formats' bytes read as mplex often
+    look like (a yamux ping is four NewStreams of stream 0)."""
+    from polymux.wire import mplex
+
+    for head in heads.values():
+        try:
+            frames = mplex.Decoder(16 * 1024 * 1024, "multiplex").feed(head)
+        except ProtocolError:
+            continue
+        opened: set[int] = set()
+        for f in frames:
+            if f.flag == 0:
+                if f.stream_id in opened:
+                    return True
+                opened.add(f.stream_id)
+            elif f.flag in (4, 6):  # the initiator closes or resets its own stream
+                opened.discard(f.stream_id)
+    return False
 
 
 def _mplex_dialect(heads: dict[str, bytes]) -> tuple[str, str]:
@@ -389,6 +424,9 @@ def detect(c2s_head: bytes, s2c_head: bytes) -> Detection:
     if not fits:
         sample = (c2s or s2c)[:8].hex(" ")
         return Detection(None, evidence=f"no format fits the first bytes ({sample} ...)")
+    # The most telling fit first (a fixed-layout frame beats a few loose ones); the order
+    # above breaks ties.
+    fits.sort(key=lambda f: -f.confidence)
     best = fits[0]
     candidates = tuple(dict.fromkeys(f.format for f in fits))
     family = formats.get(best.format).family  # formats sharing one wire (mplex, multiplex)
@@ -398,7 +436,12 @@ def detect(c2s_head: bytes, s2c_head: bytes) -> Detection:
         and formats.get(fits[1].format).family == family
         and (fits[0].confidence == fits[1].confidence)
     )
-    others = [f.format for f in fits[1:] if formats.get(f.format).family != family]
+    # Other formats that fit about as well make it less sure; a much weaker fit does not.
+    others = [
+        f.format
+        for f in fits[1:]
+        if formats.get(f.format).family != family and f.confidence >= 0.8 * best.confidence
+    ]
     confidence = best.confidence * (0.8 ** len(others))
     evidence = best.evidence + (f"; also fits {', '.join(others)}" if others else "")
     return Detection(best.format, candidates, round(confidence, 3), evidence, ambiguous)
@@ -420,6 +463,14 @@ class DecodedFlow:
     """The detection (``None`` when the format was given)."""
     records: Iterator[FrameRecord]
     """The frame records (each at most once: iterate once)."""
+    label: str = ""
+    """What to call the format for people: :attr:`format`, or ``"mplex or multiplex"``
+    when the bytes cannot tell the two apart (one wire; the records were decoded with
+    :attr:`format`'s codec, which any of the two would decode the same way)."""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            self.label = self.format or "unknown"
 
 
 def _failures(records: Iterable[FrameRecord]) -> dict[str, FrameRecord]:
@@ -470,7 +521,10 @@ def decode_flow(
                 how_text += f"; {'; '.join(failed)}; decoded as {fmt}"
             elif failed:
                 how_text += f"; {'; '.join(failed)}"
-            return DecodedFlow(fmt, how_text, detection, itertools.chain(held, it))
+            # An ambiguous pair that the decode did not settle (the other one did not fail):
+            # name both, not the one whose codec happened to go first.
+            label = " or ".join(detection.candidates[:2]) if detection.ambiguous and not failed else fmt
+            return DecodedFlow(fmt, how_text, detection, itertools.chain(held, it), label)
         first = min(failures.values(), key=lambda r: r.offset)
         failed.append(f"as {fmt} it fails at {first.direction} offset {first.offset} ({first.error})")
         progress = sum(failures[d].offset if d in failures else totals[d] for d in (C2S, S2C))

@@ -13,7 +13,6 @@ handshake, the side with the higher port is taken to be the client.
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import struct
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from polymux._extras import require
 from polymux.tracing.records import C2S, S2C, Chunk
 
 
@@ -96,8 +96,8 @@ class _Conn:
 
 
 def _dpkt() -> Any:
-    """The dpkt module (untyped; imported on first use)."""
-    return importlib.import_module("dpkt")
+    """The dpkt module (untyped; imported on first use; the pcap extra)."""
+    return require("dpkt", "reading pcap and pcapng files")
 
 
 def _addr(ip: str, port: int) -> str:

@@ -262,9 +262,11 @@ def trace_frame(fmt: str, frame: Frame) -> tuple[int, int | None, str, int, int]
 def signature(fmt: str, c2s: bytes, s2c: bytes) -> tuple[float, str] | None:
     """How well the first bytes of each direction fit ``fmt`` (its protocol version in every
     header, and a client that starts by opening a stream or with a NOP): a confidence and the
-    evidence, or None."""
+    evidence, or None. A first frame that is a NOP on stream 0 (what a smux session sends at
+    once, its keepalive) has all of its 8 bytes fixed: near certain."""
     version = _version(fmt)
     frames = 0
+    keepalive = False
     for head, first in ((c2s, (Cmd.SYN, Cmd.NOP)), (s2c, tuple(Cmd))):
         if not head:
             continue
@@ -277,7 +279,10 @@ def signature(fmt: str, c2s: bytes, s2c: bytes) -> tuple[float, str] | None:
         if decoded and decoded[0].cmd not in first:
             return None
         frames += len(decoded)
+        keepalive = keepalive or head[:HEADER_SIZE] == encode_header(version, Cmd.NOP, 0)
     if not frames:
         return None
-    confidence = min(0.95, 0.5 + 0.1 * frames)
-    return confidence, f"{frames} smux version {version} frame{'s' * (frames != 1)} (8-byte headers)"
+    evidence = f"{frames} smux version {version} frame{'s' * (frames != 1)} (8-byte headers)"
+    if keepalive:
+        return 0.95, evidence + ", the first a NOP on stream 0 (its 8 bytes all fixed: smux's keepalive)"
+    return min(0.95, 0.5 + 0.1 * frames), evidence
