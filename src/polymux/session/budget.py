@@ -163,13 +163,14 @@ class Budget:
     def check(self) -> None:
         """Pause reading while the session holds more than ``max_session_memory``; resume
         at three quarters of it."""
-        held = self.unread + (self.unsent_counted if self.pressure.write_paused else 0)
+        pressure = self.pressure
+        held = self.unread + (self.unsent_counted if pressure.write_paused else 0)
         self.held = held
         if held > self.hold_limit:
-            if not self.pressure.bits & BUDGET:
-                self.pressure.block(BUDGET, True)
-        elif self.pressure.bits & BUDGET and held <= self.hold_resume:
-            self.pressure.block(BUDGET, False)
+            if not pressure.bits & BUDGET:
+                pressure.block(BUDGET, True)
+        elif pressure.bits & BUDGET and held <= self.hold_resume:
+            pressure.block(BUDGET, False)
 
     # -- received bytes ----------------------------------------------------------------------
 

@@ -96,13 +96,15 @@ class SessionCore:
         self.format = fmt = engine.format
         self.now = now
         """The time the core last heard (the engines' clock too)."""
-        self._events: list[ce.CoreEvent] = []
+        self.pending: list[ce.CoreEvent] = []
+        """Events not yet taken (:meth:`events` takes them; the core's modules append to
+        this very list, and a :class:`~polymux.session.dispatch.Dispatcher` drains it)."""
         self._credit = engine.has_flow_control
         self.table = ChannelTable()
         self.channels = self.table.channels
         """Live channels by the engine's handle."""
         self.pressure = pressure = Pressure()
-        self.lifecycle = lifecycle = Lifecycle(self, self._events.append)
+        self.lifecycle = lifecycle = Lifecycle(self, self.pending.append)
         self.budget = Budget(engine, config, pressure, self.channels, lifecycle)
         self.scheduler = Scheduler(engine, config.batch_bytes, self.budget, self.channels, lifecycle)
         self.liveness = Liveness(
@@ -113,7 +115,7 @@ class SessionCore:
         self.controls = Controls(pressure)
         self.pairs = Pairs(fmt)
         self.requests = Requests(fmt)
-        self.peer = PeerEvents(self, self._events.append, has_handler=has_handler)
+        self.peer = PeerEvents(self, self.pending.append, has_handler=has_handler)
         # Ending.
         self.error: BaseException | None = None
         """Why the session ended, once it has (a clean end leaves ``None`` until
@@ -147,14 +149,14 @@ class SessionCore:
 
     def events(self) -> list[ce.CoreEvent]:
         """Return (and forget) what happened since the last call, in order."""
-        events = self._events  # (kept: the core's modules hold its append)
-        out = events.copy()
-        events.clear()
+        pending = self.pending
+        out = pending.copy()
+        pending.clear()
         return out
 
     def emit(self, event: ce.CoreEvent) -> None:
         """Queue an event for the driver (the core's own modules report through this)."""
-        self._events.append(event)
+        self.pending.append(event)
 
     @property
     def reading(self) -> bool:

@@ -124,66 +124,68 @@ class Dispatcher(Generic[C]):
         core = self.core
         driver = self.driver
         channels = self.channels
+        pending = core.pending
         try:
-            while events := core.events():
-                for event in events:
-                    if isinstance(event, ce.Data):
-                        channel = channels.get(event.handle)
-                        if channel is not None:
-                            channel.data(event.data, event.more, event.n)
-                        else:
-                            core.consumed(event.handle, event.n)  # keep the peer's credit flowing
-                    elif isinstance(event, ce.Finished):
-                        handle = event.handle
-                        channel = channels.get(handle) if event.lingering else channels.pop(handle, None)
-                        if channel is not None:
-                            channel.finished(
-                                event.error,
-                                event.write_error,
-                                drop_unread=event.drop_unread,
-                                lingering=event.lingering,
-                            )
-                        if handle in self.opening:
-                            error = event.error or SessionClosed(f"{core.format}: the channel ended")
-                            driver.on_open_settled(handle, error)
-                    elif isinstance(event, ce.Ended):
-                        channel = channels.get(event.handle)
-                        if channel is not None:
-                            channel.remote_end()
-                    elif isinstance(event, ce.WriteResumed):
-                        channel = channels.get(event.handle)
-                        if channel is not None:
-                            channel.resume_writing_now()
-                    elif isinstance(event, ce.Incoming):
-                        driver.on_incoming(event.handle, event.name)
-                    elif isinstance(event, ce.Accepted):
-                        if event.handle in self.opening:
-                            driver.on_open_settled(event.handle, None)
-                    elif isinstance(event, ce.OpenFailed):
-                        if event.handle in self.opening:
-                            driver.on_open_settled(event.handle, event.error)
-                    elif isinstance(event, ce.WritingStopped):
-                        channel = channels.get(event.handle)
-                        if channel is not None:
-                            channel.writing_stopped(event.error)
-                    elif isinstance(event, ce.PingAnswered):
-                        driver.on_ping_answered(event.opaque, event.rtt)
-                    elif isinstance(event, ce.ControlArrived):
-                        driver.on_control()
-                    elif isinstance(event, ce.RoomToOpen):
-                        driver.on_room_to_open(event.error, event.everyone)
-                    elif isinstance(event, ce.Answered):
-                        driver.on_answered(event.handle, event.parts, event.error)
-                    elif isinstance(event, ce.IncomingPair):
-                        driver.on_incoming_pair(event.handle, event.reply, event.name)
-                    elif isinstance(event, ce.PairAnswered):
-                        driver.on_pair_answered(event.handle, event.inbound, event.error)
-                    elif isinstance(event, ce.PairFailed):
-                        driver.on_pair_failed(event.name, event.error)
-                    elif isinstance(event, ce.Ready):
-                        driver.on_ready()
-                    elif isinstance(event, ce.Failed):  # pragma: no branch (the last event type)
-                        driver.on_failed(event.error)
+            # In place: what a hook makes the core say is appended, and taken in turn.
+            for event in pending:
+                if isinstance(event, ce.Data):
+                    channel = channels.get(event.handle)
+                    if channel is not None:
+                        channel.data(event.data, event.more, event.n)
+                    else:
+                        core.consumed(event.handle, event.n)  # keep the peer's credit flowing
+                elif isinstance(event, ce.Finished):
+                    handle = event.handle
+                    channel = channels.get(handle) if event.lingering else channels.pop(handle, None)
+                    if channel is not None:
+                        channel.finished(
+                            event.error,
+                            event.write_error,
+                            drop_unread=event.drop_unread,
+                            lingering=event.lingering,
+                        )
+                    if handle in self.opening:
+                        error = event.error or SessionClosed(f"{core.format}: the channel ended")
+                        driver.on_open_settled(handle, error)
+                elif isinstance(event, ce.Ended):
+                    channel = channels.get(event.handle)
+                    if channel is not None:
+                        channel.remote_end()
+                elif isinstance(event, ce.WriteResumed):
+                    channel = channels.get(event.handle)
+                    if channel is not None:
+                        channel.resume_writing_now()
+                elif isinstance(event, ce.Incoming):
+                    driver.on_incoming(event.handle, event.name)
+                elif isinstance(event, ce.Accepted):
+                    if event.handle in self.opening:
+                        driver.on_open_settled(event.handle, None)
+                elif isinstance(event, ce.OpenFailed):
+                    if event.handle in self.opening:
+                        driver.on_open_settled(event.handle, event.error)
+                elif isinstance(event, ce.WritingStopped):
+                    channel = channels.get(event.handle)
+                    if channel is not None:
+                        channel.writing_stopped(event.error)
+                elif isinstance(event, ce.PingAnswered):
+                    driver.on_ping_answered(event.opaque, event.rtt)
+                elif isinstance(event, ce.ControlArrived):
+                    driver.on_control()
+                elif isinstance(event, ce.RoomToOpen):
+                    driver.on_room_to_open(event.error, event.everyone)
+                elif isinstance(event, ce.Answered):
+                    driver.on_answered(event.handle, event.parts, event.error)
+                elif isinstance(event, ce.IncomingPair):
+                    driver.on_incoming_pair(event.handle, event.reply, event.name)
+                elif isinstance(event, ce.PairAnswered):
+                    driver.on_pair_answered(event.handle, event.inbound, event.error)
+                elif isinstance(event, ce.PairFailed):
+                    driver.on_pair_failed(event.name, event.error)
+                elif isinstance(event, ce.Ready):
+                    driver.on_ready()
+                elif isinstance(event, ce.Failed):  # pragma: no branch (the last event type)
+                    driver.on_failed(event.error)
         finally:
+            pending.clear()
             self.busy = False
         return True

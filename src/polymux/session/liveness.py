@@ -187,14 +187,14 @@ class Liveness:
     def next_deadline(self, quiet: bool) -> float | None:
         """The first of our deadlines (``quiet``: no channels and no error, so
         ``idle_timeout`` runs)."""
-        deadlines = [self.handshake_at, self.stall_at, self.ping_due, self.heartbeat_at]
-        if self.ka_opaque is not None:
-            deadlines.append(self.ka_deadline)
         timeout = self.config.idle_timeout
-        if timeout is not None and quiet:
-            deadlines.append(self.last_activity + timeout)
-        due = [d for d in deadlines if d is not None]
-        return min(due) if due else None
+        idle = self.last_activity + timeout if timeout is not None and quiet else None
+        keepalive = self.ka_deadline if self.ka_opaque is not None else None
+        due = None  # (no list, no call: the drivers ask after every read)
+        for when in (self.handshake_at, self.stall_at, self.ping_due, self.heartbeat_at, keepalive, idle):
+            if when is not None and (due is None or when < due):
+                due = when
+        return due
 
     def on_timer(self, now: float, unsent: int) -> None:
         """Act on the deadlines due at ``now`` (``unsent``: the socket's unsent bytes); a
