@@ -357,7 +357,7 @@ class AnyioSession:
     The driver of :class:`~polymux.session.SessionCore` for anyio: a task reads the
     stream into the core (pausing while the core says so), a task writes the core's
     output, a task follows the core's deadlines; the core's events reach the ``on_*``
-    hooks through :class:`~polymux.session.dispatch.Dispatcher`. Channels are
+    hooks through ``polymux.session.dispatch.Dispatcher``. Channels are
     :class:`AnyioChannel` (and :class:`AnyioPair` for stream pairs)."""
 
     def __init__(
@@ -532,8 +532,8 @@ class AnyioSession:
         """Send ``body`` on a new channel, end it, and return everything the peer answers
         (Streamux's request/response, usable on any two-way format). ``limit`` bounds the
         answer: a longer one raises :class:`~polymux.exceptions.LimitExceeded`. Cancelling
-        the call resets the channel. Errors are polymux's (:class:`~polymux.ChannelReset`,
-        :class:`~polymux.ChannelRejected`, :class:`~polymux.SessionClosed` ...)."""
+        the call resets the channel. Errors are polymux's (:class:`~polymux.exceptions.ChannelReset`,
+        :class:`~polymux.exceptions.ChannelRejected`, :class:`~polymux.exceptions.SessionClosed` ...)."""
         core = self.core
         handle = await self._open(lambda: core.request(name, body, limit))
         answered, result = self._answers[handle] = (anyio.Event(), [])

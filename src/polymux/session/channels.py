@@ -2,7 +2,7 @@
 tables a channel's life follows.
 
 Rules (the shape of h2's ``stream.py`` and h11's ``_state.py``, as in
-:mod:`polymux.engine.channel` one layer down):
+``polymux.engine.channel`` one layer down):
 
 * Rule 1: a channel's life changes only through :meth:`CoreChannel.step`, which applies
   :data:`SENDING` (our half: what the application writes) or :data:`RECEIVING` (the peer's

@@ -98,7 +98,7 @@ class SessionCore:
         """The time the core last heard (the engines' clock too)."""
         self.pending: list[ce.CoreEvent] = []
         """Events not yet taken (:meth:`events` takes them; the core's modules append to
-        this very list, and a :class:`~polymux.session.dispatch.Dispatcher` drains it)."""
+        this very list, and a ``polymux.session.dispatch.Dispatcher`` drains it)."""
         self._credit = engine.has_flow_control
         self.table = ChannelTable()
         self.channels = self.table.channels
@@ -355,7 +355,7 @@ class SessionCore:
         """One-way formats (omnistreams): open the first half of a stream pair; return its
         handle (ours to write). A :class:`~ce.PairAnswered` event follows with the peer's
         half (ours to read) once a polymux peer opened it back. See
-        :mod:`polymux.session.pairs`; raises as :meth:`open_channel` does."""
+        ``polymux.session.pairs``; raises as :meth:`open_channel` does."""
         if not self.engine.one_way:
             raise PolymuxError(f"{self.format}: channels carry data both ways: open_channel() is a pair")
         token = self.pairs.new_token()
@@ -366,7 +366,7 @@ class SessionCore:
     def request(self, name: str, body: BytesLike, limit: int | None = None) -> int:
         """Open a channel, send ``body`` and our end on it, and collect the peer's whole
         answer (at most ``limit`` bytes); return its handle. An :class:`~ce.Answered` event
-        follows. See :mod:`polymux.session.requests`; raises as :meth:`open_channel` does,
+        follows. See ``polymux.session.requests``; raises as :meth:`open_channel` does,
         and :class:`ChannelClosedError` on one-way formats (no answer can come back)."""
         if self.engine.one_way:
             raise ChannelClosedError(

@@ -92,7 +92,7 @@ class Finished(CoreEvent):
     """The channel is over. ``error``: why, for its reader (``None``: a clean end);
     ``write_error``: what a later write raises; ``drop_unread``: what its reader holds is
     gone too (the slow-reader reset). ``lingering``: over for the application only (a
-    ``close()``d channel whose peer has not ended yet; the core still tracks it, and a
+    channel closed with ``close()`` whose peer has not ended yet; the core still tracks it, and a
     plain :class:`Finished` follows when it is gone)."""
 
     handle: int
