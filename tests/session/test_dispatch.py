@@ -11,7 +11,7 @@ from polymux._types import BytesLike
 from polymux.exceptions import ChannelRejected, LimitExceeded, SessionClosed
 from polymux.session import SessionCore, events as ce
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import SLICE, InputSlicer
+from polymux.session.slicing import FULL_READ, SLICE, TURN, InputSlicer, dense
 
 from .corekit import open_to, pair, pump
 
@@ -181,3 +181,13 @@ def test_input_slices() -> None:
         assert len(piece) <= SLICE
         got.append(piece)
     assert b"".join(got) == data and len(got) == 3 and slicer.pending is None
+
+
+def test_only_dense_input_is_sliced() -> None:
+    """Sliced mode starts (or goes on) only when input costs enough per byte that a full
+    256 KiB read would take over TURN (5 ms): a flood of tiny frames, not a busy session of
+    large frames whose turns of slices also run to TURN."""
+    assert dense(0.006, FULL_READ)  # a full read of tiny frames: 6 ms
+    assert dense(0.002, 64 * 1024)  # 8 ms a full read at that rate
+    assert not dense(0.004, FULL_READ)
+    assert not dense(TURN, 2 * FULL_READ)  # a turn of slices at 10 ns a byte

@@ -26,7 +26,7 @@ from polymux.engine import Engine, make_engine
 from polymux.exceptions import SessionClosed
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer
+from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
 
 
 __all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
@@ -192,7 +192,7 @@ class MuxProtocol(asyncio.Protocol):
             return
         core.receive_data(data, _clock())
         self.process()
-        if time.perf_counter() - start > TURN:
+        if dense(time.perf_counter() - start, len(data)):
             slicer.until = start + SLICED_FOR
         if self._drain_waiters:
             self._wake()
@@ -208,14 +208,16 @@ class MuxProtocol(asyncio.Protocol):
             return
         start = time.perf_counter()
         elapsed = 0.0
+        size = 0
         while core.reading and not core.failed and elapsed < TURN:
             piece = slicer.next_slice()
             if piece is None:
                 break
             core.receive_data(piece, _clock())
+            size += len(piece)
             self.process()  # (schedules the next turn's slice while some are left)
             elapsed = time.perf_counter() - start
-        if elapsed > TURN:
+        if size and dense(elapsed, size):
             slicer.until = start + SLICED_FOR
         if self._drain_waiters:
             self._wake()

@@ -40,7 +40,7 @@ from polymux.engine import Engine, check_protocol, make_engine
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer
+from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
 
 
 logger = logging.getLogger("polymux")
@@ -812,34 +812,40 @@ class AnyioSession:
                 slicer = self._slicer
                 if len(data) > SLICE and start < slicer.until:
                     slicer.hold(data)
-                    await self._feed_sliced()
+                    if await self._feed_sliced():
+                        slicer.until = time.perf_counter() + SLICED_FOR
                 else:
                     core.receive_data(data, _clock())
                     self._process()
-                if time.perf_counter() - start > TURN:
-                    slicer.until = start + SLICED_FOR
+                    if dense(time.perf_counter() - start, len(data)):
+                        slicer.until = start + SLICED_FOR
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
 
-    async def _feed_sliced(self) -> None:
+    async def _feed_sliced(self) -> bool:
         """A read held back in slices (:mod:`polymux.session.slicing`), letting other tasks
-        run whenever ``TURN`` has passed, each slice once the core reads again."""
+        run whenever ``TURN`` of work has passed, each slice once the core reads again.
+        Returns whether a turn's input was dense (sliced mode goes on)."""
         core = self.core
         slicer = self._slicer
-        turn = time.perf_counter()
-        first = True
+        work = 0.0  # seconds of work since other tasks last ran, on ``size`` bytes
+        size = 0
+        was_dense = False
         while (piece := slicer.next_slice()) is not None:
-            if not first:
-                if time.perf_counter() - turn > TURN:
-                    await anyio.lowlevel.checkpoint()
-                    turn = time.perf_counter()
-                await self._can_read.wait()
-                if self._done.is_set():
-                    slicer.pending = None
-                    return
-            first = False
+            if work > TURN:
+                was_dense = was_dense or dense(work, size)
+                await anyio.lowlevel.checkpoint()
+                work, size = 0.0, 0
+            await self._can_read.wait()
+            if self._done.is_set():
+                slicer.pending = None
+                break
+            start = time.perf_counter()
             core.receive_data(piece, _clock())
             self._process()
+            work += time.perf_counter() - start
+            size += len(piece)
+        return was_dense or (size > 0 and dense(work, size))
 
     def _end(self, exc: BaseException | None) -> None:
         if self._done.is_set():
