@@ -464,3 +464,27 @@ async def test_websocket_backpressure_pauses_the_session() -> None:
         session.abort()
         ws_server.close()
         await ws_server.wait_closed()
+
+
+async def test_whole_messages_are_never_sliced(connect_pair: Any) -> None:
+    """Over WebSocket each call of the session brings one whole message: sliced mode (dense
+    input, see polymux.session.slicing) must not cut it into slices (each was read as a
+    message: 'unknown message type 96')."""
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+    armed = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = writer.transport._host  # type: ignore[attr-defined]
+        host._slicer.until = float("inf")  # sliced mode from now on
+        armed.set()
+        await got.put(await reader.read())
+        writer.close()
+
+    async with asyncio.timeout(10):
+        _server, session = await connect_pair("ws", handler)
+        blob = os.urandom(200_000)  # messages of 64 KiB: larger than a slice
+        _reader, writer = await session.open_channel("big")
+        await armed.wait()  # the handler runs once the stream is created
+        writer.write(blob)
+        writer.close()
+        assert await got.get() == blob

@@ -132,6 +132,7 @@ class MuxProtocol(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._eof_written = False
         self._slicer = InputSlicer()
+        self._whole_messages = self.engine.message_mode  # one message a call (WebSocket): never sliced
         self._slice_handle: asyncio.Handle | None = None
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
@@ -186,7 +187,7 @@ class MuxProtocol(asyncio.Protocol):
             self._capture.received(data)
         start = time.perf_counter()
         slicer = self._slicer
-        if len(data) > SLICE and start < slicer.until:
+        if len(data) > SLICE and start < slicer.until and not self._whole_messages:
             slicer.hold(data)
             self._feed_slice()
             return
