@@ -190,4 +190,6 @@ def test_only_dense_input_is_sliced() -> None:
     assert dense(0.006, FULL_READ)  # a full read of tiny frames: 6 ms
     assert dense(0.002, 64 * 1024)  # 8 ms a full read at that rate
     assert not dense(0.004, FULL_READ)
-    assert not dense(TURN, 2 * FULL_READ)  # a turn of slices at 10 ns a byte
+    assert not dense(0.004, 2 * FULL_READ)  # a turn of slices at 8 ns a byte
+    assert not dense(0.0001, 12)  # a small read's fixed cost is not density
+    assert dense(0.006, 12)

@@ -34,12 +34,14 @@ FULL_READ = 256 * 1024
 
 
 def dense(elapsed: float, size: int) -> bool:
-    """Whether input that took ``elapsed`` seconds for ``size`` bytes is dense: at that
-    rate a full read would take over :data:`TURN`. Only dense input starts (or renews)
-    sliced mode: a busy session of larger frames, whose turns of slices also run to
-    :data:`TURN`, lets it lapse (renewing it on the length of the turn alone kept such a
-    session sliced for good, a quarter of its throughput lost to the turns)."""
-    return elapsed * FULL_READ > TURN * size
+    """Whether input that took ``elapsed`` seconds for ``size`` bytes is dense: it took
+    over :data:`TURN`, or it is at least a slice and at that rate a full read would. Only
+    dense input starts (or renews) sliced mode: a busy session of larger frames, whose
+    turns of slices also run to :data:`TURN`, lets it lapse (renewing it on the length of
+    the turn alone kept such a session sliced for good, a quarter of its throughput lost
+    to the turns). Reads under a slice are judged on their time alone: their fixed cost
+    would make any small read look dense per byte."""
+    return elapsed > TURN or (size >= SLICE and elapsed * FULL_READ > TURN * size)
 
 
 class InputSlicer:
