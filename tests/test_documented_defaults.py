@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import polymux
-from polymux.engine import make_engine
+from polymux.formats import make_engine
 
 
 ROOT = Path(__file__).resolve().parents[1]
