@@ -58,8 +58,13 @@ def test_make_engine_and_numbering_option() -> None:
     by_config = make_engine("omnistreams", SessionConfig(omnistreams_numbering="legacy"))
     assert isinstance(by_config, OmnistreamsEngine) and by_config.numbering is LEGACY
     # The compatibility keyword is one more way to say "omnistreams-legacy": one format.
-    assert resolve("omnistreams", SessionConfig(omnistreams_numbering="legacy")) is resolve("omnistreams-legacy")
-    assert resolve("omnistreams-legacy", SessionConfig(omnistreams_numbering="spec")).name == "omnistreams-legacy"
+    assert resolve("omnistreams", SessionConfig(omnistreams_numbering="legacy")) is resolve(
+        "omnistreams-legacy"
+    )
+    assert (
+        resolve("omnistreams-legacy", SessionConfig(omnistreams_numbering="spec")).name
+        == "omnistreams-legacy"
+    )
     direct = OmnistreamsEngine(SessionConfig(omnistreams_numbering="legacy"))
     assert direct.numbering is LEGACY and direct.format == "omnistreams-legacy"
     with pytest.raises(ValueError, match="omnistreams_numbering must be 'spec' or 'legacy', got 'x'"):

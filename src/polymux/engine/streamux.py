@@ -170,11 +170,11 @@ class StreamuxOptions(FormatOptions):
                 f"response_hold ({self.response_hold})"
             )
         try:
-            self.init_message().check()
+            self._init_message().check()
         except ProtocolError as exc:
             raise ValueError(f"invalid streamux settings: {exc.detail}") from None
 
-    def init_message(self) -> wire.InitMessage:
+    def _init_message(self) -> wire.InitMessage:
         """The initialize message these options offer."""
         ids, lengths = self.id_bits, self.length_bits
         return wire.InitMessage(
@@ -271,7 +271,7 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         self.config = config or SessionConfig()
         self.options = options = options if options is not None else StreamuxOptions().merged(config)
         """Streamux's own settings."""
-        self.ours = options.init_message()
+        self.ours = options._init_message()
         self.theirs: wire.InitMessage | None = None
         self.negotiated: wire.Negotiated | None = None
         self.max_frame = 1

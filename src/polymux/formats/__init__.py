@@ -1,6 +1,6 @@
 """The wire formats polymux speaks: one :class:`Format` object each, in one registry.
 
-A format is declared once, in its own module (:mod:`polymux.formats.yamux` ...), over its
+A format is declared once, in its own module (``polymux.formats.yamux`` ...), over its
 codec (:mod:`polymux.wire`) and its engine (:mod:`polymux.engine`, where its
 :class:`Capabilities` and typed options are declared): its name, its capabilities, its
 engine, its frame-record walk (bytes in, frame records out: what capture, decode and the
@@ -37,13 +37,14 @@ from polymux.formats.registry import (
     unregister,
 )
 from polymux.formats.signature import Fit, Probe, Signature
-from polymux.formats.walk import FrameWalk, Walk
+from polymux.formats.walk import Codec, FrameWalk, Walk, WalkHost
 
 
 __all__ = [
     "FORMATS",
     "PROTOCOLS",
     "Capabilities",
+    "Codec",
     "EngineFactory",
     "Fit",
     "Format",
@@ -56,6 +57,7 @@ __all__ = [
     "SmuxOptions",
     "StreamuxOptions",
     "Walk",
+    "WalkHost",
     "YamuxOptions",
     "get",
     "make_engine",
