@@ -40,17 +40,17 @@ __all__ = ["FORMATS", "OMNISTREAMS", "OMNISTREAMS_LEGACY", "OmnistreamsWalk"]
 class _OmniCodec:
     """One direction of omnistreams over a byte stream: length-prefixed messages."""
 
-    def __init__(self, tracker: OmnistreamsWalk) -> None:
-        self.tracker = tracker
-        self.split = tracker.wire.LengthPrefixDecoder()
+    def __init__(self, walk: OmnistreamsWalk) -> None:
+        self.walk = walk
+        self.split = walk.wire.LengthPrefixDecoder()
 
     @property
     def pending(self) -> int:
         return int(self.split.pending)
 
     def feed(self, data: bytes) -> list[Any]:
-        decode = self.tracker.wire.decode
-        numbering = self.tracker.numbering
+        decode = self.walk.wire.decode
+        numbering = self.walk.numbering
         return [decode(message, numbering) for message in self.split.feed(data)]
 
 

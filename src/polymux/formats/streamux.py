@@ -40,8 +40,8 @@ class _StreamuxCodec:
     """One direction of Streamux: the 5-byte initialize message, then chunks once the
     widths are known (both initialize messages, or a quick-init request's own values)."""
 
-    def __init__(self, tracker: StreamuxWalk, direction: str, init_done: bool) -> None:
-        self.tracker = tracker
+    def __init__(self, walk: StreamuxWalk, direction: str, init_done: bool) -> None:
+        self.walk = walk
         self.direction = direction
         self.init_done = init_done
         self.held = bytearray()
@@ -52,7 +52,7 @@ class _StreamuxCodec:
         return len(self.held) + (self.chunks.pending if self.chunks is not None else 0)
 
     def feed(self, data: bytes) -> list[Any]:
-        wire = self.tracker.wire
+        wire = self.walk.wire
         out: list[Any] = []
         if self.chunks is None:
             self.held += data
@@ -62,12 +62,12 @@ class _StreamuxCodec:
                 out.append(_StreamuxInit(wire.decode_init(bytes(self.held[: wire.INIT_SIZE]))))
                 del self.held[: wire.INIT_SIZE]
                 self.init_done = True
-                self.tracker.saw_init(self.direction, out[-1].message)
-            negotiated = self.tracker.negotiated
+                self.walk.saw_init(self.direction, out[-1].message)
+            negotiated = self.walk.negotiated
             if negotiated is None:
                 if len(self.held) > MAX_HELD:
                     raise ProtocolError(
-                        self.tracker.fmt,
+                        self.walk.fmt,
                         f"more than {MAX_HELD} bytes of chunks arrived before negotiation "
                         "(no initialize message from the other side)",
                     )

@@ -68,7 +68,7 @@ class _Direction:
         self.stopped = False
         self.last_time = 0
         # The live path (FrameDecoder.feed_parts): ``fast`` while the codec holds nothing
-        # and the tracker walks headers itself; ``hold``: the start of a header cut by the
+        # and the walk walks headers itself; ``hold``: the start of a header cut by the
         # end of a part; ``frame``: (size, payload length, data, fields) of the frame being
         # walked, ``skip`` its payload bytes still to come, ``kept`` the payload bytes kept
         # so far and ``keep`` how many more to keep.
@@ -121,10 +121,10 @@ class FrameDecoder:
         """The records' ``session``."""
         self.one_way = one_way
         """Only one direction is decoded (see the class docstring)."""
-        self._tracker = fmt.walk(self)
-        fast = self._tracker.MAX_HEAD > 0 and not codec_only
+        self._walker = fmt.walk(self)
+        fast = self._walker.MAX_HEAD > 0 and not codec_only
         self._walks = fast
-        self._dirs = {name: _Direction(name, self._tracker.codec(name), fast) for name in (C2S, S2C)}
+        self._dirs = {name: _Direction(name, self._walker.codec(name), fast) for name in (C2S, S2C)}
         self._out: list[FrameRecord] = []
         self._to_release: list[str] = []
         self._time = 0
@@ -153,7 +153,7 @@ class FrameDecoder:
         chunk it received), all at ``time_ns``; return the new records.
 
         The live path: a data frame's payload is never copied, whatever views it arrives
-        in (its first ``payload_prefix`` bytes are kept), for formats whose tracker walks
+        in (its first ``payload_prefix`` bytes are kept), for formats whose walk walks
         headers; the others, and anything unusual, go through the codec as in :meth:`feed`.
         """
         d = self._dirs.get(direction)
@@ -204,9 +204,9 @@ class FrameDecoder:
                 continue
             pending = d.fed - d.boundary
             if pending:
-                what = self._tracker.truncated_detail(d.name)
+                what = self._walker.truncated_detail(d.name)
                 self._out.append(
-                    self._tracker.rec(
+                    self._walker.rec(
                         d.name,
                         d.last_time,
                         d.boundary,
@@ -234,7 +234,7 @@ class FrameDecoder:
             return
         d.fed += len(data)
         consumed = d.fed - d.codec.pending
-        size = self._tracker.size
+        size = self._walker.size
         sizes = [size(item) for item in items]
         if start + sum(sizes) != consumed:
             sizes = self._exact_sizes(d, bytes(d.tail) + data, sizes)
@@ -250,15 +250,15 @@ class FrameDecoder:
 
     def _walk(self, d: _Direction, parts: Sequence[BytesLike], time_ns: int) -> None:
         """The live path over parts of one direction: walk the frames whose headers the
-        tracker knows, skipping data payloads; hand the codec the rest (from a frame
+        walk knows, skipping data payloads; hand the codec the rest (from a frame
         boundary on) and take over again once it holds nothing. The hot loop of
         frame-record capture, written for few Python calls per frame: a frame whose
         record :meth:`polymux.formats.Walk.fast_record` gives costs one header parse and that call."""
-        tracker = self._tracker
-        head = tracker.fast_header
-        fast_record = tracker.fast_record
-        run = tracker.fast_run
-        runs = 2 * tracker.MAX_HEAD  # a part with more than this may hold several frames
+        walk = self._walker
+        head = walk.fast_header
+        fast_record = walk.fast_record
+        run = walk.fast_run
+        runs = 2 * walk.MAX_HEAD  # a part with more than this may hold several frames
         name = d.name
         prefix = self._prefix or 0
         out = self._out
@@ -361,10 +361,10 @@ class FrameDecoder:
                     used = header_len
                 else:
                     have = len(hold)
-                    more = part[pos : pos + tracker.MAX_HEAD]
+                    more = part[pos : pos + walk.MAX_HEAD]
                     buf = bytes(hold) + bytes(more)
                     found = head(name, buf, 0, len(buf))
-                    if found is None and len(buf) < tracker.MAX_HEAD:
+                    if found is None and len(buf) < walk.MAX_HEAD:
                         hold += more
                         d.fed += len(more)
                         pos += len(more)
@@ -407,18 +407,18 @@ class FrameDecoder:
         """A walked frame is whole (``kept``: its payload, or a data frame's first bytes):
         its records."""
         offset = d.boundary
-        tracker = self._tracker
-        record = tracker.fast_record(d.name, fields, data, payload_len, kept, offset, time_ns)
+        walk = self._walker
+        record = walk.fast_record(d.name, fields, data, payload_len, kept, offset, time_ns)
         d.boundary = offset + size
         if record is not None:
             self._out.append(record)
             if self._payloads is not None:
                 self._attach(len(self._out) - 1, kept[: self._prefix])
             return
-        item = tracker.fast_item(fields, Elided(kept, payload_len) if data and payload_len else kept)
+        item = walk.fast_item(fields, Elided(kept, payload_len) if data and payload_len else kept)
         out = self._out
         try:
-            records = tracker.records(d.name, item, offset, time_ns)
+            records = walk.records(d.name, item, offset, time_ns)
         except Violation as exc:
             out.extend(exc.records)
             self._violation(d, offset, time_ns, str(exc))
@@ -445,7 +445,7 @@ class FrameDecoder:
         at its offset, and the direction stops). With ``payload_prefix``, each item's
         payload prefix (``payloads``, else taken from the item) goes with its records."""
         out = self._out
-        records = self._tracker.records
+        records = self._walker.records
         name = d.name
         keep = self._payloads
         try:
@@ -456,7 +456,7 @@ class FrameDecoder:
                     if payloads is not None:
                         shown = payloads[i]
                     else:
-                        shown = bytes(memoryview(self._tracker.payload(item))[: self._prefix])
+                        shown = bytes(memoryview(self._walker.payload(item))[: self._prefix])
                     self._attach(start, shown)
                 offset += n  # past this frame only once its records are in
         except Violation as exc:
@@ -484,12 +484,12 @@ class FrameDecoder:
         keep[base + at] = payload
 
     def _violation(self, d: _Direction, offset: int, time_ns: int, message: str) -> None:
-        self._out.append(self._tracker.rec(d.name, time_ns, offset, "", "violation", error=message))
+        self._out.append(self._walker.rec(d.name, time_ns, offset, "", "violation", error=message))
         d.stopped = True
         d.tail = bytearray()
 
     def _fresh(self, d: _Direction) -> Codec:
-        return self._tracker.codec(d.name)
+        return self._walker.codec(d.name)
 
     def _exact_sizes(self, d: _Direction, data: bytes, guesses: list[int]) -> list[int]:
         """Sizes of the items a codec decoded from ``data`` (from the boundary), found by
@@ -533,7 +533,7 @@ class FrameDecoder:
         codec = self._fresh(d)
         items = codec.feed(data[:lo])
         good = lo - codec.pending  # bytes of complete frames before the bad one
-        sizes = [self._tracker.size(item) for item in items]
+        sizes = [self._walker.size(item) for item in items]
         if sum(sizes) != good:
             sizes = self._exact_sizes(d, data[:good], sizes)
         offset = self._emit(d, items, sizes, d.boundary, time_ns)
