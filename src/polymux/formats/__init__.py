@@ -19,17 +19,15 @@ sets a format's typed options (:class:`StreamuxOptions`, :class:`SmuxOptions`,
 
 from __future__ import annotations
 
-from polymux.engine.smux import SmuxOptions
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from polymux.engine.spec import Capabilities, FormatOptions, NoOptions
-from polymux.engine.streamux import StreamuxOptions
-from polymux.engine.yamux import YamuxOptions
-from polymux.formats import mplex, mstream, omnistreams, smux, streamux, yamux
+from polymux.formats.format import EngineFactory, Format, FormatDocs
 from polymux.formats.registry import (
     FORMATS,
     PROTOCOLS,
-    EngineFactory,
-    Format,
-    FormatDocs,
+    declare,
     get,
     make_engine,
     register,
@@ -38,6 +36,12 @@ from polymux.formats.registry import (
 )
 from polymux.formats.signature import Fit, Probe, Signature
 from polymux.formats.walk import Codec, FrameWalk, Walk, WalkHost
+
+
+if TYPE_CHECKING:
+    from polymux.engine.smux import SmuxOptions
+    from polymux.engine.streamux import StreamuxOptions
+    from polymux.engine.yamux import YamuxOptions
 
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "Walk",
     "WalkHost",
     "YamuxOptions",
+    "declare",
     "get",
     "make_engine",
     "register",
@@ -66,13 +71,67 @@ __all__ = [
     "unregister",
 ]
 
-for _fmt in (
-    *mstream.FORMATS,
-    *mplex.FORMATS,
-    yamux.YAMUX,
-    streamux.STREAMUX,
-    *omnistreams.FORMATS,
-    *smux.FORMATS,
-):
-    register(_fmt)
-del _fmt
+
+# The built-in formats, in the order the CLI and the docs list them; each module is
+# loaded when one of its formats is first asked for.
+
+
+def _mstream() -> Sequence[Format]:
+    from polymux.formats import mstream
+
+    return mstream.FORMATS
+
+
+def _mplex() -> Sequence[Format]:
+    from polymux.formats import mplex
+
+    return mplex.FORMATS
+
+
+def _yamux() -> Sequence[Format]:
+    from polymux.formats import yamux
+
+    return (yamux.YAMUX,)
+
+
+def _streamux() -> Sequence[Format]:
+    from polymux.formats import streamux
+
+    return (streamux.STREAMUX,)
+
+
+def _omnistreams() -> Sequence[Format]:
+    from polymux.formats import omnistreams
+
+    return omnistreams.FORMATS
+
+
+def _smux() -> Sequence[Format]:
+    from polymux.formats import smux
+
+    return smux.FORMATS
+
+
+declare(("mstream-v1", "mstream-v2", "mstream-v3"), _mstream)
+declare(("mplex", "multiplex"), _mplex)
+declare(("yamux",), _yamux)
+declare(("streamux",), _streamux)
+declare(("omnistreams", "omnistreams-legacy"), _omnistreams)
+declare(("smux", "smux-v2"), _smux)
+
+
+def __getattr__(name: str) -> Any:
+    """The built-in formats' typed options, from their engine modules (loaded on first use)."""
+    if name == "SmuxOptions":
+        from polymux.engine.smux import SmuxOptions
+
+        return SmuxOptions
+    if name == "StreamuxOptions":
+        from polymux.engine.streamux import StreamuxOptions
+
+        return StreamuxOptions
+    if name == "YamuxOptions":
+        from polymux.engine.yamux import YamuxOptions
+
+        return YamuxOptions
+    raise AttributeError(f"module 'polymux.formats' has no attribute {name!r}")

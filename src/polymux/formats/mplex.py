@@ -14,8 +14,8 @@ from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.mplex import CAPABILITIES, MAX_MESSAGE_SIZES, MplexEngine
 from polymux.exceptions import ProtocolError
+from polymux.formats.format import Format, FormatDocs
 from polymux.formats.records import FrameRecord
-from polymux.formats.registry import Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature, first, frame_confidence, frames, starts
 from polymux.formats.walk import OTHER, PREFIX, Codec, FastHeader, Generations, Walk, WalkHost, new_record
 from polymux.wire import mplex as wire

@@ -15,8 +15,8 @@ from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.mstream import CAPABILITIES, DEFAULT_REMOTE_WINDOW, MStreamEngine
 from polymux.exceptions import ProtocolError
+from polymux.formats.format import EngineFactory, Format, FormatDocs
 from polymux.formats.records import FrameRecord
-from polymux.formats.registry import EngineFactory, Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature, frame_confidence, frames, sides, starts
 from polymux.formats.walk import (
     OTHER,

@@ -16,8 +16,8 @@ from typing import Any
 from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.omnistreams import CAPABILITIES, OmnistreamsEngine, decode_metadata
+from polymux.formats.format import EngineFactory, Format, FormatDocs
 from polymux.formats.records import FrameRecord
-from polymux.formats.registry import EngineFactory, Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature, frame_confidence, frames, starts
 from polymux.formats.walk import (
     OTHER,

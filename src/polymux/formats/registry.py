@@ -6,31 +6,28 @@ A name (``protocol="yamux"``) is looked up once, where it enters polymux (``conn
 what they need (an engine, a frame-record walk, a signature, capabilities), never the name
 again. Every list of formats (the CLI's choices, detection, the docs tables, the
 benchmarks) is the registry's, live: :func:`register` adds a format for everything at once.
+
+The built-in formats are declared by name (:func:`declare`) and their modules loaded when
+one of them is first asked for (:func:`get`, or a walk over :data:`FORMATS`), as engines
+and codecs always were: ``import polymux`` and the CLI's ``--help``, which need only the
+names, load no engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TypeVar, overload
 
 from polymux.config import SessionConfig
-from polymux.engine.spec import Capabilities, FormatOptions, NoOptions
-from polymux.formats.signature import Signature
-from polymux.formats.walk import Walk, WalkHost
-
-
-if TYPE_CHECKING:
-    from polymux.engine.base import Engine
+from polymux.engine.base import Engine
+from polymux.formats.format import Format
 
 
 __all__ = [
     "FORMATS",
     "PROTOCOLS",
-    "EngineFactory",
-    "Format",
-    "FormatDocs",
+    "declare",
     "get",
     "make_engine",
     "register",
@@ -38,103 +35,11 @@ __all__ = [
     "unregister",
 ]
 
-EngineFactory = Callable[["Format", SessionConfig, bool, bool], "Engine"]
-"""``factory(format, config, is_client, message_mode)``: a new engine of ``format`` (whose
-typed options it reads) for one session."""
-
-
-@dataclass(frozen=True, slots=True)
-class FormatDocs:
-    """What the documentation's format tables say of a format beyond its
-    :class:`~polymux.engine.spec.Capabilities` (Markdown; each capability cell is the
-    capability's word, then the text given here after a colon)."""
-
-    page: str = ""
-    """Its page, relative to ``docs/`` (``formats/yamux.md``); empty: none."""
-    tested_against: str = ""
-    """The reference implementations it is tested against."""
-    credit: str = ""
-    """About its flow control."""
-    names: str = ""
-    """About channel names."""
-    half_close: str = ""
-    """About half-close."""
-    reset: str = ""
-    """About reset reasons."""
-    pings: str = ""
-    """About pings and keepalive."""
-    limits: str = ""
-    """The limits of the format."""
-
-
-_NO_OPTIONS = NoOptions()
-_NO_DOCS = FormatDocs()
-
-
-@dataclass(frozen=True, slots=True)
-class Format:
-    """One wire format: its name, what it can do, and how to run, walk and detect it.
-
-    Get one from the registry (:func:`get`, :func:`resolve`); :meth:`configure` gives a
-    copy with other typed options (``get("streamux").configure(early_responses=True)``),
-    usable wherever ``protocol=`` takes a name.
-    """
-
-    name: str
-    """The ``protocol=`` name."""
-    title: str
-    """What the docs call it."""
-    family: str
-    """Formats of one family share a wire (mplex and multiplex differ in conventions only):
-    detection names the family's first member when the bytes cannot tell."""
-    caps: Capabilities
-    """What it can carry (declared once, in its engine module, and read by its engine)."""
-    engine: EngineFactory
-    """Builds its engine (:meth:`make_engine`)."""
-    walk: Callable[[WalkHost], Walk]
-    """``walk(decoder)``: a new frame-record walk of a connection (bytes in, records out),
-    driven by :class:`~polymux.tracing.FrameDecoder`."""
-    signature: Signature | None = None
-    """How its first bytes are told apart (``None``: a family member whose first format's
-    signature names it too)."""
-    options: FormatOptions = _NO_OPTIONS
-    """Its typed options (:class:`~polymux.engine.spec.NoOptions` for a format without)."""
-    docs: FormatDocs = _NO_DOCS
-    """What the docs tables say of it."""
-    legacy: Callable[[Format, SessionConfig], Format] | None = None
-    """Maps a configuration's compatibility keyword that names another format onto that
-    format (``omnistreams_numbering="legacy"``: ``omnistreams-legacy``)."""
-
-    def make_engine(
-        self, config: SessionConfig | None = None, *, is_client: bool = True, message_mode: bool = False
-    ) -> Engine:
-        """A new engine of this format, with this format's typed options.
-
-        Raises:
-            ValueError: ``message_mode`` for a format that does not run over messages.
-        """
-        if message_mode and not self.caps.message_transport:
-            raise ValueError(f"{self.name} does not run over a message transport")
-        return self.engine(self, config or SessionConfig(), is_client, message_mode)
-
-    def configure(self, **options: Any) -> Format:
-        """This format with ``options`` (names of its typed options) changed.
-
-        Raises:
-            TypeError: an option this format does not have.
-            ValueError: a value the option does not take.
-        """
-        known = {f.name for f in dataclasses.fields(self.options)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            have = ", ".join(sorted(known)) or "none"
-            raise TypeError(f"{self.name} has no option {', '.join(unknown)} (its options: {have})")
-        return dataclasses.replace(self, options=dataclasses.replace(self.options, **options))
-
-
 # -- the registry --------------------------------------------------------------------------
 
-_BY_NAME: dict[str, Format] = {}
+_BY_NAME: dict[str, Format | Callable[[], Sequence[Format]]] = {}
+"""Registered formats by name, in order; a declared format not loaded yet is the function
+that loads its module's formats."""
 
 T = TypeVar("T")
 
@@ -180,7 +85,15 @@ class _Live(Sequence[T]):
 _formats: tuple[Format, ...] = ()
 _names: tuple[str, ...] = ()
 
-FORMATS: Sequence[Format] = _Live(lambda: _formats)
+
+def _all() -> tuple[Format, ...]:
+    if len(_formats) != len(_names):
+        for name in _names:
+            get(name)
+    return _formats
+
+
+FORMATS: Sequence[Format] = _Live(_all)
 """Every registered format, in the order the CLI and the docs list them (a live view:
 formats registered later are in it)."""
 
@@ -191,8 +104,36 @@ live view)."""
 
 def _update() -> None:
     global _formats, _names
-    _formats = tuple(_BY_NAME.values())
+    _formats = tuple(f for f in _BY_NAME.values() if isinstance(f, Format))
     _names = tuple(_BY_NAME)
+
+
+def declare(names: Sequence[str], load: Callable[[], Sequence[Format]]) -> None:
+    """Register the formats ``names`` without loading them: ``load()`` returns them (their
+    module's formats, which must have those names) when one is first asked for. How the
+    built-in formats are registered; a plugin with heavy modules may do the same.
+
+    Raises:
+        ValueError: a format of one of those names is registered already.
+    """
+    for name in names:
+        if name in _BY_NAME:
+            raise ValueError(f"a format named {name!r} is registered already")
+    for name in names:
+        _BY_NAME[name] = load
+    _update()
+
+
+def _load(name: str, load: Callable[[], Sequence[Format]]) -> Format:
+    """Load the declared format ``name`` (and the others its module declares)."""
+    for fmt in load():
+        if _BY_NAME.get(fmt.name) is load:
+            _BY_NAME[fmt.name] = fmt
+    _update()
+    found = _BY_NAME[name]
+    if isinstance(found, Format):
+        return found
+    raise LookupError(f"the module declared for format {name!r} does not define it")
 
 
 def register(fmt: Format) -> Format:
@@ -230,9 +171,10 @@ def get(name: str) -> Format:
         ValueError: naming the formats there are.
     """
     try:
-        return _BY_NAME[name]
+        found = _BY_NAME[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown protocol {name!r}; polymux speaks: {', '.join(_names)}") from None
+    return found if isinstance(found, Format) else _load(name, found)
 
 
 def resolve(protocol: str | Format, config: SessionConfig | None = None) -> Format:

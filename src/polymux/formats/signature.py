@@ -18,7 +18,7 @@ from polymux.formats.records import C2S, S2C, FrameRecord
 
 
 if TYPE_CHECKING:
-    from polymux.formats.registry import Format
+    from polymux.formats.format import Format
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.smux import CAPABILITIES, SmuxEngine, SmuxOptions
 from polymux.exceptions import ProtocolError
-from polymux.formats.registry import EngineFactory, Format, FormatDocs
+from polymux.formats.format import EngineFactory, Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature
 from polymux.formats.walk import Codec, FrameWalk, WalkHost
 from polymux.wire import smux as wire

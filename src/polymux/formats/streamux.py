@@ -14,8 +14,8 @@ from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.streamux import CAPABILITIES, StreamuxEngine, StreamuxOptions
 from polymux.exceptions import ProtocolError
+from polymux.formats.format import Format, FormatDocs
 from polymux.formats.records import C2S, S2C, FrameRecord
-from polymux.formats.registry import Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature, sides
 from polymux.formats.walk import OTHER, PREFIX, Codec, Generations, Violation, Walk, WalkHost
 from polymux.wire import streamux as wire

@@ -11,8 +11,8 @@ from typing import Any
 from polymux.config import SessionConfig
 from polymux.engine.base import Engine
 from polymux.engine.yamux import CAPABILITIES, YamuxEngine, YamuxOptions
+from polymux.formats.format import Format, FormatDocs
 from polymux.formats.records import FrameRecord
-from polymux.formats.registry import Format, FormatDocs
 from polymux.formats.signature import Fit, Probe, Signature, first, frame_confidence, frames, starts
 from polymux.formats.walk import OTHER, Codec, Credit, FastHeader, Violation, Walk, WalkHost, new_record
 from polymux.wire import yamux as wire
