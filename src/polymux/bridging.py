@@ -28,7 +28,7 @@ opens for it (the *connecting* side):
   window of the side it reads (``receive_window``; yamux windows grow up to
   ``max_receive_window``), one read, and ``write_buffer_high`` unsent bytes towards the
   other side; per bridged pair (the accepted session and the one opened for it) at most
-  ``max_session_memory``, half for each session. Formats without credit on the
+  ``max_session_memory`` (each session gets a third: see :func:`pair_share`). Formats without credit on the
   wire (mplex, multiplex, mstream-v1, Streamux, smux v1) apply their ``slow_reader``
   policy on the side they are read from: ``"block"`` (the default) stops reading that
   connection while a channel has ``receive_window`` unread bytes, ``"reset"`` resets the
@@ -633,8 +633,10 @@ async def _copy(
 
 def pair_share(budget: int) -> int:
     """The ``max_session_memory`` each session of a bridged pair gets from the pair's
-    ``budget``: half of it (at least 64 KiB), so that the pair holds at most the budget."""
-    return max(64 * 1024, budget // 2)
+    ``budget``: a third of it (at least 64 KiB). A session holds at most 1.5 times its own
+    (see :attr:`SessionConfig.max_session_memory <polymux.SessionConfig.max_session_memory>`),
+    so the pair holds at most the budget."""
+    return max(64 * 1024, budget // 3)
 
 
 async def bridge(
@@ -665,8 +667,8 @@ async def bridge(
         **options: :class:`~polymux.SessionConfig` fields applied to both sides on top
             (``max_session_memory=``, ``idle_timeout=``, ``capture=`` ...).
             ``max_session_memory`` is the budget of a bridged *pair*: each of its two
-            sessions gets half of it (:func:`pair_share`; :attr:`Bridge.listen_config` and
-            :attr:`Bridge.connect_config` show the halves).
+            sessions gets a third of it (:func:`pair_share`; :attr:`Bridge.listen_config`
+            and :attr:`Bridge.connect_config` show the shares).
 
     Returns:
         The running :class:`Bridge` (already listening).
@@ -689,7 +691,9 @@ async def bridge(
     near_cfg = SessionConfig.from_options(listen_config or config, **options)
     far_cfg = SessionConfig.from_options(connect_config or config, **options)
     # One budget for a bridged pair, end to end: what the bridge holds for one client is
-    # the two sessions' together, so each gets half of max_session_memory.
+    # the two sessions' together. A session holds up to its max_session_memory unread (and
+    # unsent while its socket takes nothing), and half of it more unsent while it waits
+    # for credit: a third of the pair's budget each keeps the two within it.
     near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
     far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)

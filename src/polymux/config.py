@@ -193,13 +193,16 @@ class SessionConfig:
     Reset) ends the session within one read of it."""
 
     max_session_memory: int = 32 * 1024 * 1024
-    """The per-connection memory budget: bytes received and not yet read by the
-    application, plus bytes written by the application and not yet sent, summed over every
-    channel of the session, half for each. Over half of it unread, the session stops
-    reading from the peer until the application has read it down to a quarter; over half
-    of it unsent, every channel writer's ``drain()`` blocks until it is down to a quarter.
-    Receive windows of new channels are sized to fit (MultiplexingStream v2/v3,
-    omnistreams), and yamux windows grow only within it."""
+    """The per-connection memory budget. Bytes received and not yet read by the
+    application, plus bytes written and not yet sent while the socket takes none, summed
+    over every channel: past the budget the session stops reading from the peer until they
+    are down to three quarters of it. Bytes written and not yet sent: past half the budget
+    every channel writer's ``drain()`` blocks until they are down to a quarter (bytes
+    waiting for the peer's credit count here only, since reading is what brings the
+    credit). So a session holds at most 1.5 times the budget in buffers (plus what an
+    application that ignores ``drain()`` writes, and a Streamux server's held responses:
+    ``streamux_hold_budget``). Receive windows of new channels are sized to fit the budget
+    (MultiplexingStream v2/v3, omnistreams), and yamux windows grow only within it."""
 
     smux_peer_buffer: int | None = None
     """Kept for compatibility: sets ``SmuxOptions.peer_buffer``, the peer's session-wide

@@ -150,7 +150,8 @@ async def test_one_budget_for_a_bridged_pair_end_to_end() -> None:
     """1,024 channels through an mplex -> yamux bridge to an echo server, and a client that
     never reads the echoes: the bridge holds both directions of every channel, on both of
     its sessions. Both together stay within one max_session_memory (32 MiB by default;
-    each session gets half), not one per session (it grew by 68-71 MiB)."""
+    each session gets a third, and holds at most 1.5 x that), plus each bridged channel's
+    bookkeeping; not one budget per session (their buffers grew by 62-71 MiB)."""
 
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, polymux.PolymuxError):
@@ -206,7 +207,8 @@ async def test_one_budget_for_a_bridged_pair_end_to_end() -> None:
         f"bridge: tracemalloc peak +{report['traced_peak'] / mib:.1f} MiB, peak RSS "
         f"+{report['hwm_growth'] / mib:.1f} MiB (pair budget {budget / mib:.0f} MiB)"
     )
-    # The pair's budget, plus per-channel bookkeeping (two channels, tasks and readers per
-    # bridged channel: about 4 KiB each) and the sockets' reads and batches.
-    slack = 1024 * 8 * 1024 + 4 * mib
+    # The pair's budget, plus per-channel bookkeeping (two channels, their readers,
+    # writers and copy tasks: about 14 KiB a bridged channel) and the sockets' reads and
+    # batches.
+    slack = 1024 * 16 * 1024 + 4 * mib
     assert report["traced_peak"] <= budget + slack, report

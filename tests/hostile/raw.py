@@ -40,6 +40,13 @@ def rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class ServerProcess:
     """``async with ServerProcess(protocol, mode, **options) as server:``; ``server.port``,
     ``server.rss()``, ``await server.closed()`` (the next CLOSED line)."""

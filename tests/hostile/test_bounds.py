@@ -28,7 +28,7 @@ from polymux.engine import events as ev
 from polymux.wire import yamux as ywire
 
 from .peer import until
-from .raw import MIB, RawPeer, RssSampler, ServerProcess
+from .raw import MIB, RawPeer, RssSampler, ServerProcess, cpu_seconds
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -770,7 +770,8 @@ async def test_a_flood_of_tiny_frames_does_not_hold_other_connections(fmt: str) 
     answer (a 256 KiB read of them took the server 150-450 ms: every other connection of
     its event loop waited that long). Input goes in slices once a read is slow, as much per
     loop turn as 5 ms allows: another client's round trips on the same server stay short
-    (median under 50 ms, 95th percentile under 100 ms; the median was 434 ms before)."""
+    (median under 50 ms, 95th percentile under 100 ms, over what they were before the flood
+    on this machine; the median was 434 ms before)."""
     async with ServerProcess(fmt, "echo") as server:
         session = await polymux.connect("127.0.0.1", server.port, protocol=fmt)
         reader, writer = await session.open_channel("rtt")
@@ -790,17 +791,30 @@ async def test_a_flood_of_tiny_frames_does_not_hold_other_connections(fmt: str) 
                     await asyncio.sleep(0.01)  # the client's pace, not synchronisation
 
             measuring = asyncio.ensure_future(measure())
+            await asyncio.sleep(1.0)  # round trips before the flood: what the machine allows now
+            base = sorted(rtts)
+            rtts.clear()
+            pid = server.proc.pid  # type: ignore[union-attr]
+            cpu, wall = cpu_seconds(pid), time.monotonic()
             sent = await peer.flood(lambda: chunk, SECONDS)
+            share = min(1.0, (cpu_seconds(pid) - cpu) / (time.monotonic() - wall))
             measuring.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await measuring
             rtts.sort()
             median, p95 = rtts[len(rtts) // 2], rtts[int(len(rtts) * 0.95)]
+            base_median, base_p95 = base[len(base) // 2], base[int(len(base) * 0.95)]
             print(
                 f"{fmt}: {sent / MIB:.1f} MiB of junk in {SECONDS:g} s; {len(rtts)} round trips, "
-                f"median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, max {rtts[-1] * 1000:.1f} ms"
+                f"median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, max {rtts[-1] * 1000:.1f} ms "
+                f"(before the flood: median {base_median * 1000:.1f} ms, p95 {base_p95 * 1000:.1f} ms); "
+                f"the server had {share:.0%} of a CPU"
             )
-            assert median < 0.050 and p95 < 0.100, (median, p95)
+            # The bounds are for a server that has its CPU: on a machine loaded by others,
+            # its turns take longer in wall-clock time by the share it does not get.
+            slow = 1 / max(share, 0.25)
+            assert median < 0.050 * slow + 2 * base_median, (median, share)
+            assert p95 < 0.100 * slow + 2 * base_p95, (p95, share)
         finally:
             peer.close()
             await session.aclose()
