@@ -36,8 +36,9 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:  # run from a checkout without 
 
 from polymux import PROTOCOLS
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev, make_engine
+from polymux.engine import Engine, events as ev
 from polymux.exceptions import LimitExceeded, ProtocolError
+from polymux.formats import make_engine
 
 
 __all__ = [

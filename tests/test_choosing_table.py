@@ -1,33 +1,32 @@
 """The side-by-side table of docs/choosing.md ("Which format should I use?") is the
-registry's: one row per format of ``polymux.formats.FORMATS``, in its order, and the first
-word of the flow-control, names, half-close, reset and pings cells is what the format's
-``Capabilities`` say (a format added or changed without its row fails here). The lists of
+registry's: the page generates it (``polymux-formats choosing``) with one row per format of
+``polymux.formats.FORMATS``, in its order, and the first word of the flow-control, names,
+half-close, reset and pings cells is what the format's ``Capabilities`` say. The lists of
 formats with and without credit in the page's guidance are the registry's too."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from polymux import formats
 
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "choosing.md"
-HEADER = (
-    "| `protocol=` | tested against | flow control on the wire | channel names | half-close "
-    "| reset reason | pings / keepalive | limits of the format |"
-)
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGE = DOCS / "choosing.md"
+sys.path.insert(0, str(DOCS / "_ext"))
+
+from polymux_docs import format_table
+
+
+def test_the_page_generates_the_table() -> None:
+    assert "```{polymux-formats} choosing\n```" in PAGE.read_text()
 
 
 def _rows() -> list[list[str]]:
-    lines = PAGE.read_text().splitlines()
-    start = lines.index(HEADER)
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    return rows
+    lines = format_table("choosing", "choosing")
+    return [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in lines[2:]]
 
 
 def _first_word(cell: str) -> str:
@@ -38,6 +37,11 @@ def test_one_row_per_format_in_the_registry_s_order() -> None:
     names = [re.search(r"`([\w-]+)`", row[0]).group(1) for row in _rows()]  # type: ignore[union-attr]
     assert names == [fmt.name for fmt in formats.FORMATS]
     assert all(len(row) == 8 for row in _rows())
+    # Each format links to its page, has a reference and limits.
+    for row, fmt in zip(_rows(), formats.FORMATS, strict=True):
+        assert row[0] == f"[`{fmt.name}`]({fmt.docs.page})"
+        assert (DOCS / fmt.docs.page).is_file()
+        assert row[1] and row[7]
 
 
 def test_the_cells_say_what_the_capabilities_say() -> None:

@@ -6,8 +6,9 @@ followed by its value in parentheses ("`receive_window` (1 MiB)"), after a comma
 cell of a table row ("| `write_buffer_high` / `write_buffer_low` | 256 KiB / high/4 |").
 Each value is parsed (sizes, seconds, rates, counts, strings, tuples, per-format values)
 and compared with ``SessionConfig()``; ``max_message_size``, whose default depends on the
-format, with what each format's engine resolves it to. (The Defaults page of the docs is
-generated from the class itself.)"""
+format, with what each format's engine resolves it to; a compatibility keyword of a format's
+typed options (``streamux_response_hold`` ...), with that option's default. (The Defaults
+page of the docs is generated from the classes themselves.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import polymux
-from polymux.engine import make_engine
+from polymux import formats
+from polymux.formats import make_engine
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,18 @@ QUANTITY = re.compile(
         |(?P<ratio>high/4)""",
     re.VERBOSE,
 )
+
+
+def _typed_defaults() -> dict[str, object]:
+    """The default of the typed option each compatibility keyword sets."""
+    out: dict[str, object] = {}
+    for fmt in formats.FORMATS:
+        for keyword, option in fmt.options.legacy.items():
+            out[keyword] = getattr(type(fmt.options)(), option)
+    return out
+
+
+TYPED = _typed_defaults()
 
 
 def _per_format_max_message_size() -> set[int]:
@@ -104,6 +118,8 @@ def test_the_pages_state_defaults() -> None:
 @pytest.mark.parametrize(("where", "name", "stated"), STATEMENTS, ids=[f"{w}-{n}" for w, n, _ in STATEMENTS])
 def test_stated_default_is_the_code_s(where: str, name: str, stated: object) -> None:
     actual = getattr(CONFIG, name)
+    if actual is None and name in TYPED:
+        actual = TYPED[name]
     if name == "max_message_size" and actual is None:
         assert stated in _per_format_max_message_size(), f"{where}: {name} stated as {stated!r}"
         return

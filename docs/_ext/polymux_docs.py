@@ -5,7 +5,13 @@ built from the argparse parsers (usage, description, options with defaults, and 
 exit-status table that ends every ``--help``).
 
 ``polymux-defaults``: every ``SessionConfig`` field with its default and its docstring,
-read from the class.
+read from the class; ``polymux-format-options``: every registered format's typed options
+(``StreamuxOptions`` ...), with their defaults and the compatibility keywords that set them.
+
+``polymux-formats``: a table of the registered formats (``choosing``: side by side;
+``capabilities``: what the bridge keeps; ``index``: the format pages), one row per format
+of the registry (``polymux.formats.FORMATS``), in its order, its cells the format's
+``Capabilities`` and ``FormatDocs``: a format registered is in every table.
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ import argparse
 import ast
 import inspect
 import itertools
+import posixpath
 import re
 import textwrap
+from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
+from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 
 
@@ -187,7 +196,163 @@ class DefaultsTable(Directive):
         return [table]
 
 
+def _table(head: list[str], rows: Iterable[list[str]], widths: list[int] | None = None) -> nodes.table:
+    table = nodes.table()
+    group = nodes.tgroup(cols=len(head))
+    table += group
+    for width in widths or [100 // len(head)] * len(head):
+        group += nodes.colspec(colwidth=width)
+    thead = nodes.thead()
+    group += thead
+    row = nodes.row()
+    for title in head:
+        row += nodes.entry("", nodes.paragraph(text=title))
+    thead += row
+    body = nodes.tbody()
+    group += body
+    for cells in rows:
+        row = nodes.row()
+        for i, cell in enumerate(cells):
+            text = nodes.literal(text=cell) if i == 0 else nodes.Text(cell)
+            row += nodes.entry("", nodes.paragraph("", "", text))
+        body += row
+    return table
+
+
+def format_options_rows() -> list[list[str]]:
+    """``polymux-format-options``: one row per typed option of the registered formats
+    (option, formats, default, compatibility keyword, what it is)."""
+    from polymux import formats
+
+    by_class: dict[type, list[str]] = {}
+    for fmt in formats.FORMATS:
+        if fields(fmt.options):
+            by_class.setdefault(type(fmt.options), []).append(fmt.name)
+    rows = []
+    for cls, names in by_class.items():
+        docs = _field_docs(cls)
+        keywords = {option: keyword for keyword, option in cls.legacy.items()}
+        defaults = cls()
+        rows.extend(
+            [
+                f"{cls.__name__}.{field.name}",
+                ", ".join(names),
+                describe_default(field.name, getattr(defaults, field.name)),
+                keywords.get(field.name, ""),
+                _plain(docs.get(field.name, "")),
+            ]
+            for field in fields(cls)
+        )
+    return rows
+
+
+class FormatOptionsTable(Directive):
+    """``polymux-format-options``: the typed options of every registered format."""
+
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        head = ["option", "formats", "default", "compatibility keyword", "what it is"]
+        return [_table(head, format_options_rows(), [22, 12, 12, 18, 36])]
+
+
+FORMAT_TABLES = {
+    "choosing": [
+        "`protocol=`",
+        "tested against",
+        "flow control on the wire",
+        "channel names",
+        "half-close",
+        "reset reason",
+        "pings / keepalive",
+        "limits of the format",
+    ],
+    "capabilities": [
+        "`protocol=`",
+        "names",
+        "credit",
+        "half-close",
+        "reset text",
+        "one-way streams",
+        "pings",
+    ],
+    "index": ["`protocol=`", "page", "reference peer (interop-tested)", "flow control on the wire"],
+}
+"""The columns of each kind of ``polymux-formats`` table."""
+
+
+def _word(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _cell(word: str, detail: str) -> str:
+    """A capability cell: the capability's word, then what the format's docs say of it."""
+    if not detail:
+        return word
+    return word + detail if detail[0] in ",;" else f"{word}: {detail}"
+
+
+def format_table(kind: str, docname: str = "index") -> list[str]:
+    """The Markdown lines of the ``kind`` table of the registered formats, for the page
+    ``docname`` (links to the format pages are relative to it)."""
+    from polymux import formats
+
+    head = FORMAT_TABLES[kind]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    here = posixpath.dirname(docname)
+    for fmt in formats.FORMATS:
+        caps, docs = fmt.caps, fmt.docs
+        name = f"`{fmt.name}`"
+        link = posixpath.relpath(docs.page, here or ".") if docs.page else ""
+        credit = _cell(caps.credit or "none", docs.credit)
+        if kind == "capabilities":
+            cells = [
+                name,
+                _word(caps.names),
+                caps.credit or "none",
+                _word(caps.half_close),
+                _word(caps.reset_message),
+                _word(caps.one_way),
+                _word(caps.ping),
+            ]
+        elif kind == "index":
+            page = f"[{fmt.title}]({link})" if link else ""
+            cells = [name, page, docs.tested_against, credit]
+        else:
+            cells = [
+                f"[{name}]({link})" if link else name,
+                docs.tested_against,
+                credit,
+                _cell(_word(caps.names), docs.names),
+                _cell(_word(caps.half_close), docs.half_close),
+                _cell(_word(caps.reset_message), docs.reset),
+                _cell(_word(caps.ping), docs.pings),
+                docs.limits,
+            ]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return lines
+
+
+class FormatsTable(Directive):
+    """``polymux-formats KIND``: a table of the registered formats (:data:`FORMAT_TABLES`),
+    parsed as Markdown."""
+
+    has_content = False
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        kind = self.arguments[0]
+        if kind not in FORMAT_TABLES:
+            raise self.error(f"polymux-formats: unknown table {kind!r} (one of {', '.join(FORMAT_TABLES)})")
+        docname = self.state.document.settings.env.docname
+        container = nodes.container()
+        self.state.nested_parse(StringList(format_table(kind, docname)), self.content_offset, container)
+        return list(container.children)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("polymux-cli", CliReference)
     app.add_directive("polymux-defaults", DefaultsTable)
+    app.add_directive("polymux-format-options", FormatOptionsTable)
+    app.add_directive("polymux-formats", FormatsTable)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -39,7 +39,7 @@ from polymux.exceptions import (
     ProtocolError,
     SessionClosed,
 )
-from polymux.wire import PROTOCOLS
+from polymux.formats import PROTOCOLS
 
 
 __version__ = "0.1.0"

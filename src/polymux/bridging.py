@@ -318,8 +318,10 @@ class Bridge:
         self.server: Server | None = None
         """The listening server."""
         self._links: dict[Session, _Link] = {}
-        self._far_caps = formats.get(connect.protocol).caps
-        self._near_caps = formats.get(listen.protocol).caps
+        self._far = formats.resolve(connect.protocol, connect_config)
+        self._near = formats.resolve(listen.protocol, listen_config)
+        self._far_caps = self._far.caps
+        self._near_caps = self._near.caps
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -346,17 +348,13 @@ class Bridge:
         async with asyncio.timeout(cfg.handshake_timeout):
             if endpoint.transport == "unix":
                 assert endpoint.path is not None
-                return await connect_unix(
-                    endpoint.path, protocol=endpoint.protocol, config=cfg, handler=handler
-                )
+                return await connect_unix(endpoint.path, protocol=self._far, config=cfg, handler=handler)
             if endpoint.transport == "ws":
                 assert endpoint.uri is not None
-                return await connect_websocket(
-                    endpoint.uri, protocol=endpoint.protocol, config=cfg, handler=handler
-                )
+                return await connect_websocket(endpoint.uri, protocol=self._far, config=cfg, handler=handler)
             assert endpoint.host is not None
             return await connect_tcp(
-                endpoint.host, endpoint.port, protocol=endpoint.protocol, config=cfg, handler=handler
+                endpoint.host, endpoint.port, protocol=self._far, config=cfg, handler=handler
             )
 
     async def _near_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -540,7 +538,7 @@ class Bridge:
         endpoint = self.listen
         cfg = self.listen_config
         common: dict[str, Any] = {
-            "protocol": endpoint.protocol,
+            "protocol": self._near,
             "config": cfg,
             "session_handler": self._session_ready,
             "max_connections": max_connections,

@@ -60,15 +60,16 @@ class SessionConfig:
     """Seconds ``Session.aclose()`` gives queued data and the peer's goodbye before it
     cuts the connection; also how long a closed channel waits for the peer's end."""
 
-    # -- yamux -----------------------------------------------------------------------------
+    # -- kept for compatibility: yamux's own options ----------------------------------------
 
-    max_receive_window: int = 16 * 1024 * 1024
-    """yamux: the largest receive window auto-tuning may grow a stream's to (from the
-    protocol's 256 KiB; go-yamux's default maximum)."""
+    max_receive_window: int | None = None
+    """Kept for compatibility: sets ``YamuxOptions.max_receive_window``, the largest window
+    yamux's auto-tuning grows a stream's to (16 MiB; ``None``: the option's value)."""
 
-    window_budget: int = 256 * 1024 * 1024
-    """yamux: window granted beyond the initial 256 KiB per stream, summed over the
-    session; growth stops there, so many streams cannot claim unbounded memory."""
+    window_budget: int | None = None
+    """Kept for compatibility: sets ``YamuxOptions.window_budget``, the window yamux grants
+    beyond the initial 256 KiB per stream, summed over the session (256 MiB; ``None``: the
+    option's value)."""
 
     keepalive_interval: float | None = 15.0
     """Seconds between keepalive pings (formats with pings: yamux, Streamux); None
@@ -118,50 +119,39 @@ class SessionConfig:
     for its ``Accept()``, so opening more at once would lose some. Raise it only for peers
     with a larger backlog."""
 
-    # -- Streamux ---------------------------------------------------------------------------
+    # -- kept for compatibility: Streamux's and omnistreams' own options ----------------------
 
-    streamux_id_bits: tuple[int, int, int] = (1, 29, 14)
-    """Streamux request-id bits we offer: (min, max, recommended; 31 = no preference)."""
+    streamux_id_bits: tuple[int, int, int] | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.id_bits``, the request-id bits a
+    Streamux session offers (``(1, 29, 14)``; ``None``: the option's value)."""
 
-    streamux_length_bits: tuple[int, int, int] = (6, 30, 16)
-    """Streamux chunk-length bits we offer: (min, max, recommended; 31 = no preference)."""
+    streamux_length_bits: tuple[int, int, int] | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.length_bits``, the chunk-length bits a
+    Streamux session offers (``(6, 30, 16)``; ``None``: the option's value)."""
 
-    streamux_quick_init: str = "off"
-    """Streamux quick init: ``"request"`` (send at once with our recommended values),
-    ``"allow"`` (accept a peer's request), or ``"off"``."""
+    streamux_quick_init: str | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.quick_init`` (``"off"``,
+    ``"request"`` or ``"allow"``; ``None``: the option's value, ``"off"``)."""
 
-    streamux_response_hold: int = 64 * 1024 * 1024
-    """Streamux: bytes one response may hold unsent while its request is still arriving.
-    A response goes on the wire only after its request ended (go-streamux rejects anything
-    else), and Streamux has no credit to slow the requester down, so a handler that answers
-    as it reads (an echo) must keep reading: its ``drain()`` does not block past
-    ``write_buffer_high`` until the request ends, up to this many bytes; beyond them the
-    channel is reset (the handler gets :class:`~polymux.exceptions.ChannelOverflow` naming
-    this limit; the requester reads an empty response, since the responder has no way to
-    say that a request failed). Held bytes are counted here and in
-    ``streamux_hold_budget``, not in ``max_session_memory``: only reading ends a request, so
-    they must never pause reading."""
+    streamux_response_hold: int | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.response_hold``, the bytes one
+    Streamux response may hold unsent while its request is still arriving (64 MiB;
+    ``None``: the option's value)."""
 
-    streamux_hold_budget: int = 64 * 1024 * 1024
-    """Streamux: what all the responses of one session may hold that way, together (counted
-    once each passes ``write_buffer_high``); the response that passes it is reset. At least
-    ``streamux_response_hold``. A Streamux session may so hold up to ``max_session_memory``
-    plus this."""
+    streamux_hold_budget: int | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.hold_budget``, what all the held
+    responses of one Streamux session may hold together (64 MiB; ``None``: the option's
+    value)."""
 
-    streamux_early_responses: bool = False
-    """Streamux, a polymux extension: answer a request while it is still arriving, so that
-    one channel can carry a conversation (polymux's chat and file-transfer servers set it).
-    The spec's flow is request, then response, and go-streamux ends the session on a
-    response to a request it is still sending: set it only where every peer is polymux (a
-    polymux requester accepts early responses either way)."""
+    streamux_early_responses: bool | None = None
+    """Kept for compatibility: sets ``StreamuxOptions.early_responses``, a polymux extension
+    that lets one Streamux channel carry a conversation (``False``; ``None``: the option's
+    value)."""
 
-    # -- omnistreams ------------------------------------------------------------------------
-
-    omnistreams_numbering: str = "spec"
-    """omnistreams message type numbering: ``"spec"`` (CONTROL 0 ... CANCEL_SEND 6) or
-    ``"legacy"`` (CREATE 0, DATA 1, END 2, TERMINATE 3, REQUEST 4, CONTROL 5: npm
-    ``omnistreams`` 0.9.0 and the Go and Rust ports). ``protocol="omnistreams-legacy"``
-    selects the legacy one too."""
+    omnistreams_numbering: str | None = None
+    """Kept for compatibility: ``"legacy"`` with ``protocol="omnistreams"`` is the format
+    ``omnistreams-legacy`` (npm ``omnistreams`` 0.9.0's numbering), ``"spec"`` the format
+    ``omnistreams``; ``None``: the format's own numbering."""
 
     # -- formats without flow control on the wire (mplex / multiplex) ---------------------
 
@@ -214,13 +204,10 @@ class SessionConfig:
     ``streamux_hold_budget``). Receive windows of new channels are sized to fit the budget
     (MultiplexingStream v2/v3, omnistreams), and yamux windows grow only within it."""
 
-    smux_peer_buffer: int = 4 * 1024 * 1024
-    """smux version 2: the peer's session-wide receive buffer (xtaci/smux's
-    ``MaxReceiveBuffer``, 4 MiB by default). A session keeps at most half of it in flight
-    over all its streams (each stream may still reach half its window): xtaci stops reading
-    its connection while that buffer is full, and a stream whose reader waits for our credit
-    would then never read it (an echo over 64 streams deadlocked so). Raise it to match a
-    peer configured with a larger buffer."""
+    smux_peer_buffer: int | None = None
+    """Kept for compatibility: sets ``SmuxOptions.peer_buffer``, the peer's session-wide
+    receive buffer that smux version 2 keeps half of in flight (4 MiB; ``None``: the
+    option's value)."""
 
     max_queued_control: int = 4096
     """Control frames (ping answers, acknowledgements, resets of refused channels) queued
@@ -252,7 +239,6 @@ class SessionConfig:
             "max_session_memory",
             "max_queued_control",
             "max_name_bytes",
-            "smux_peer_buffer",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -272,18 +258,6 @@ class SessionConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
-        if self.streamux_early_responses not in (False, True):  # bad values: ValueError, as everywhere
-            raise ValueError(
-                f"SessionConfig.streamux_early_responses must be a bool, got {self.streamux_early_responses!r}"
-            )
-        if self.streamux_quick_init not in ("off", "request", "allow"):
-            raise ValueError(
-                f"SessionConfig.streamux_quick_init must be 'off', 'request' or 'allow', got {self.streamux_quick_init!r}"
-            )
-        if self.omnistreams_numbering not in ("spec", "legacy"):
-            raise ValueError(
-                f"SessionConfig.omnistreams_numbering must be 'spec' or 'legacy', got {self.omnistreams_numbering!r}"
-            )
         if self.slow_reader not in ("block", "reset"):
             raise ValueError(
                 f"SessionConfig.slow_reader must be 'block' or 'reset', got {self.slow_reader!r}"
@@ -295,17 +269,6 @@ class SessionConfig:
         if self.inbound_channel_rate <= 0:
             raise ValueError(
                 f"SessionConfig.inbound_channel_rate must be positive, got {self.inbound_channel_rate!r}"
-            )
-        for name in ("max_receive_window", "window_budget", "streamux_response_hold", "streamux_hold_budget"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"SessionConfig.{name} must be a positive int, got {value!r}")
-        if self.streamux_hold_budget < self.streamux_response_hold:
-            # A per-response limit that the session's budget never lets a response reach
-            # is not a limit.
-            raise ValueError(
-                f"SessionConfig.streamux_hold_budget ({self.streamux_hold_budget}) must be at least "
-                f"streamux_response_hold ({self.streamux_response_hold})"
             )
         if self.keepalive_interval is not None and self.keepalive_interval <= 0:
             raise ValueError(

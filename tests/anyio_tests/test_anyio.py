@@ -54,7 +54,8 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 import polymux
 from polymux.anyio import AnyioChannel, AnyioSession, ChannelAttribute, ChannelStream, session
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev, make_engine
+from polymux.engine import Engine, events as ev
+from polymux.formats import make_engine
 from polymux.wire import mstream as mstream_wire, yamux as yamux_wire
 
 

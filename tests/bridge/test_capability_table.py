@@ -1,29 +1,32 @@
-"""The format capability table of docs/bridge.md is the registry's: one row per format of
-``polymux.formats.FORMATS``, in its order, each cell what the format's ``Capabilities``
-say (a format added or changed without its row fails here)."""
+"""The format capability table of docs/bridge.md is the registry's: the page generates it
+(``polymux-formats capabilities``) with one row per format of ``polymux.formats.FORMATS``,
+in its order, each cell what the format's ``Capabilities`` say."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from polymux import formats
 
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "bridge.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGE = DOCS / "bridge.md"
 COLUMNS = ["`protocol=`", "names", "credit", "half-close", "reset text", "one-way streams", "pings"]
+sys.path.insert(0, str(DOCS / "_ext"))
+
+from polymux_docs import format_table
+
+
+def test_the_page_generates_the_table() -> None:
+    assert "```{polymux-formats} capabilities\n```" in PAGE.read_text()
 
 
 def _table() -> list[list[str]]:
-    """The rows of the table whose header is COLUMNS (cells stripped)."""
-    lines = PAGE.read_text().splitlines()
-    header = "| " + " | ".join(COLUMNS) + " |"
-    start = lines.index(header)
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
+    """The rows of the generated table (cells stripped), after checking its header."""
+    lines = format_table("capabilities", "bridge")
+    assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
 
 
 def _expected(fmt: formats.Format) -> list[str]:

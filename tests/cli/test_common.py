@@ -12,7 +12,7 @@ import pytest
 import polymux
 from polymux.apps.common import Address, format_bytes, parse_address, parse_size, two_way
 from polymux.apps.records import RecordError, encode_record, read_record
-from polymux.engine import make_engine
+from polymux.formats import make_engine
 
 
 @pytest.mark.parametrize(

@@ -9,17 +9,17 @@ import re
 import pytest
 
 from polymux import PROTOCOLS
-from polymux.engine import check_protocol, make_engine
 from polymux.engine.events import ChannelClosed, ChannelEnded, ChannelOpened
 from polymux.exceptions import PolymuxError
+from polymux.formats import get, make_engine
 from polymux.wire.omnistreams import Kind, encode, encode_length
 
 
-def test_check_protocol_names_the_choices() -> None:
+def test_the_registry_names_the_choices() -> None:
     for name in PROTOCOLS:
-        assert check_protocol(name) == name
+        assert get(name).name == name
     with pytest.raises(ValueError, match="nope") as info:
-        check_protocol("nope")
+        get("nope")
     assert all(name in str(info.value) for name in PROTOCOLS)
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from polymux.config import SessionConfig
-from polymux.engine import flow, make_engine
+from polymux.engine import flow
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
@@ -26,6 +26,7 @@ from polymux.engine.events import (
 )
 from polymux.engine.mplex import MplexEngine
 from polymux.exceptions import ProtocolError
+from polymux.formats import make_engine
 from polymux.wire import mplex as wire
 from polymux.wire.mplex import Flag as F, Frame
 

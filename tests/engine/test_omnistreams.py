@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from polymux.config import SessionConfig
-from polymux.engine import events as ev, make_engine
+from polymux.engine import events as ev
 from polymux.engine.flow import MAX_MESSAGE_CREDIT, MessageCredit, MessageWindow, message_window, split_count
 from polymux.engine.omnistreams import ControlReceived, OmnistreamsEngine
 from polymux.exceptions import FlowControlError, ProtocolError
+from polymux.formats import make_engine, resolve
 from polymux.wire.omnistreams import LEGACY, SPEC, Kind, LengthPrefixDecoder, Numbering, encode, encode_length
 
 
@@ -56,8 +57,20 @@ def test_make_engine_and_numbering_option() -> None:
     assert isinstance(legacy, OmnistreamsEngine) and legacy.numbering is LEGACY
     by_config = make_engine("omnistreams", SessionConfig(omnistreams_numbering="legacy"))
     assert isinstance(by_config, OmnistreamsEngine) and by_config.numbering is LEGACY
+    # The compatibility keyword is one more way to say "omnistreams-legacy": one format.
+    assert resolve("omnistreams", SessionConfig(omnistreams_numbering="legacy")) is resolve(
+        "omnistreams-legacy"
+    )
+    assert (
+        resolve("omnistreams-legacy", SessionConfig(omnistreams_numbering="spec")).name
+        == "omnistreams-legacy"
+    )
+    direct = OmnistreamsEngine(SessionConfig(omnistreams_numbering="legacy"))
+    assert direct.numbering is LEGACY and direct.format == "omnistreams-legacy"
     with pytest.raises(ValueError, match="omnistreams_numbering must be 'spec' or 'legacy', got 'x'"):
-        SessionConfig(omnistreams_numbering="x")
+        make_engine("omnistreams", SessionConfig(omnistreams_numbering="x"))
+    with pytest.raises(ValueError, match="numbering must be 'spec' or 'legacy', got 'x'"):
+        OmnistreamsEngine(SessionConfig(omnistreams_numbering="x"))
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
 from polymux.engine.base import Engine
 from polymux.engine.events import ChannelOpened, DataReceived
+from polymux.formats import make_engine
 from polymux.session import SessionCore
 from polymux.session.scheduler import COALESCE as _COALESCE
 

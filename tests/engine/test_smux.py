@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
@@ -25,6 +24,7 @@ from polymux.engine.events import (
 )
 from polymux.engine.smux import SmuxEngine
 from polymux.exceptions import FlowControlError, ProtocolError
+from polymux.formats import make_engine
 from polymux.wire import smux as wire
 from polymux.wire.smux import Cmd
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from polymux.config import SessionConfig
-from polymux.engine import flow, make_engine
+from polymux.engine import flow
 from polymux.engine.events import (
     ChannelClosed,
     ChannelEnded,
@@ -33,8 +33,9 @@ from polymux.engine.events import (
     PingAcked,
     SessionReady,
 )
-from polymux.engine.streamux import StreamuxEngine
+from polymux.engine.streamux import StreamuxEngine, StreamuxOptions
 from polymux.exceptions import LimitExceeded, ProtocolError
+from polymux.formats import make_engine
 from polymux.wire import streamux as wire
 from polymux.wire.streamux import Chunk, InitMessage, Negotiated, NegotiationError
 
@@ -640,8 +641,10 @@ def test_early_responses_a_polymux_extension() -> None:
     a.send_data(ha, b"more")
     assert a.end_channel(ha) is False
     assert pump(a, b) == [DataReceived(hb, b"more", 4), ChannelEnded(hb), ChannelClosed(hb)]
-    with pytest.raises(ValueError, match="streamux_early_responses must be a bool, got 'yes'"):
-        SessionConfig(streamux_early_responses="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="early_responses must be a bool, got 'yes'"):
+        StreamuxOptions(early_responses="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="given as SessionConfig streamux_early_responses"):
+        StreamuxEngine(SessionConfig(streamux_early_responses="yes"))  # type: ignore[arg-type]
 
 
 def test_hold_is_released_when_the_request_is_cancelled() -> None:

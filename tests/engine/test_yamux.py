@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
 from polymux.engine.events import (
     ChannelAccepted,
     ChannelClosed,
@@ -33,6 +32,7 @@ from polymux.engine.events import (
 )
 from polymux.engine.yamux import YamuxEngine
 from polymux.exceptions import FlowControlError, LimitExceeded, ProtocolError
+from polymux.formats import make_engine
 from polymux.wire import yamux as wire
 from polymux.wire.yamux import Flag as F, Frame, Type as T
 

@@ -10,8 +10,9 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev, make_engine
+from polymux.engine import Engine, events as ev
 from polymux.exceptions import ProtocolError
+from polymux.formats import make_engine
 
 
 class HostilePeer:

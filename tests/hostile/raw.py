@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from polymux.config import SessionConfig
-from polymux.engine import Engine, events as ev, make_engine
+from polymux.engine import Engine, events as ev
 from polymux.exceptions import ProtocolError
+from polymux.formats import make_engine
 
 
 MIB = 1024 * 1024

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 GROWTH = 64 * MIB
 """The bound of the issue: RSS growth of the server above its baseline during a flood."""
 
-HELD = polymux.SessionConfig().streamux_hold_budget
+HELD = polymux.formats.StreamuxOptions().hold_budget
 """What a Streamux echo may hold on top of max_session_memory: responses wait for the end
 of their requests, which only reading brings (SECURITY.md)."""
 SECONDS = float(os.environ.get("POLYMUX_FLOOD_SECONDS", "3"))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
+from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 
 

@@ -4,7 +4,7 @@ no event loop (two cores joined by a loop in the test, h11's ConnectionPair shap
 from __future__ import annotations
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
+from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 
 

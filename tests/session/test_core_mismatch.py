@@ -6,8 +6,8 @@ flow-control overruns (which take frames of the format), stay what they are."""
 from __future__ import annotations
 
 from polymux.config import SessionConfig
-from polymux.engine import make_engine
 from polymux.exceptions import FlowControlError, FormatMismatch, ProtocolError
+from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 from polymux.wire import mstream
 

@@ -11,7 +11,7 @@ from polymux._types import BytesLike
 from polymux.exceptions import ChannelRejected, LimitExceeded, SessionClosed
 from polymux.session import SessionCore, events as ce
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import FULL_READ, SLICE, TURN, InputSlicer, dense
+from polymux.session.slicing import FULL_READ, SLICE, InputSlicer, dense
 
 from .corekit import open_to, pair, pump
 

@@ -30,9 +30,6 @@ from polymux.wire.smux import (
     encode_header,
     encode_upd,
     frame_parts,
-    signature,
-    trace_decoder,
-    trace_frame,
 )
 
 
@@ -288,58 +285,3 @@ def test_encode_refuses_what_the_wire_cannot_carry(version: int, frame: Frame, m
 def test_encode_upd_needs_version_2() -> None:
     with pytest.raises(ValueError, match="only in protocol version 2"):
         encode_upd(1, 3, 0, 0)
-
-
-# -- the trace hooks (the format registry's trace decoder and detector use them) ------------
-
-
-def test_trace_decoder_speaks_the_formats_version() -> None:
-    psh2 = h("02 02 0200 03000000 6869")
-    assert norm(trace_decoder("smux-v2").feed(psh2)) == [Frame(Cmd.PSH, 3, b"hi")]
-    with pytest.raises(ProtocolError, match="version is 2, expected 1") as info:
-        trace_decoder("smux").feed(psh2)
-    assert info.value.format == "smux"
-
-
-def test_trace_frame_fields() -> None:
-    # (size on the wire, stream id, type, length, flags): a NOP belongs to no stream, a
-    # UPD's length is the window it announces (not its 8-byte body).
-    assert trace_frame("smux", Frame(Cmd.PSH, 3, b"hello")) == (13, 3, "data", 5, Cmd.PSH)
-    assert trace_frame("smux", Frame(Cmd.SYN, 3)) == (8, 3, "open", 0, Cmd.SYN)
-    assert trace_frame("smux", Frame(Cmd.FIN, 5)) == (8, 5, "end", 0, Cmd.FIN)
-    assert trace_frame("smux", Frame(Cmd.NOP, 0)) == (8, None, "ping", 0, Cmd.NOP)
-    [upd] = Decoder(2).feed(h("02 04 0800 03000000 10000000 00000400"))
-    assert trace_frame("smux-v2", upd) == (16, 3, "window_update", 0x40000, Cmd.UPD)
-
-
-SYN3 = "01 00 0000 03000000"
-PSH3 = "01 02 0200 03000000 6869"
-NOP = "01 03 0000 00000000"
-KEEPALIVE = ", the first a NOP on stream 0 (its 8 bytes all fixed: smux's keepalive)"
-
-
-@pytest.mark.parametrize(
-    ("fmt", "c2s", "s2c", "expected"),
-    [
-        ("smux", SYN3, "", (0.6, "1 smux version 1 frame (8-byte headers)")),
-        ("smux", NOP, "", (0.95, f"1 smux version 1 frame (8-byte headers){KEEPALIVE}")),
-        ("smux", "", NOP, (0.95, f"1 smux version 1 frame (8-byte headers){KEEPALIVE}")),
-        ("smux", SYN3 + PSH3, PSH3, (0.8, "3 smux version 1 frames (8-byte headers)")),
-        ("smux", "", PSH3, (0.6, "1 smux version 1 frame (8-byte headers)")),  # any first server frame
-        ("smux", SYN3 * 9, "", (0.95, "9 smux version 1 frames (8-byte headers)")),  # confidence capped
-        ("smux-v2", "02 00 0000 03000000", "", (0.6, "1 smux version 2 frame (8-byte headers)")),
-        ("smux", PSH3, "", None),  # a client starts by opening a stream or with a NOP
-        ("smux-v2", SYN3, "", None),  # the other protocol version
-        ("smux", SYN3, "02 02 0200 03000000 6869", None),
-        ("smux", "01 07 0000 03000000", "", None),  # not a frame (unknown cmd)
-        ("smux", "01 00 00", "", None),  # no whole frame yet
-        ("smux", "", "", None),
-    ],
-)
-def test_signature(fmt: str, c2s: str, s2c: str, expected: tuple[float, str] | None) -> None:
-    got = signature(fmt, h(c2s), h(s2c))
-    if expected is None:
-        assert got is None
-    else:
-        assert got is not None
-        assert got[0] == pytest.approx(expected[0]) and got[1] == expected[1]

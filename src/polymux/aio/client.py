@@ -9,15 +9,15 @@ from typing import Any
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
-from polymux.engine import check_protocol
 from polymux.exceptions import SessionClosed
+from polymux.formats import Format, resolve
 
 
 __all__ = ["connect", "connect_unix", "over"]
 
 
 def _factory(
-    protocol: str,
+    protocol: str | Format,
     config: SessionConfig | None,
     options: dict[str, Any],
     *,
@@ -25,11 +25,11 @@ def _factory(
     handler: ChannelHandler | None,
     offer_filter: OfferFilter | None,
 ) -> tuple[SessionConfig, Any]:
-    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
+    fmt = resolve(protocol, cfg)
 
     def make() -> MuxProtocol:
-        return MuxProtocol(protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
+        return MuxProtocol(fmt, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter)
 
     return cfg, make
 
@@ -64,7 +64,7 @@ async def connect(
     host: str,
     port: int,
     *,
-    protocol: str,
+    protocol: str | Format,
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
@@ -72,8 +72,11 @@ async def connect(
 ) -> Session:
     """Connect over TCP and return a ready :class:`Session`.
 
-    ``options`` are :class:`SessionConfig` fields (``receive_window=...``) or keyword
-    arguments of ``loop.create_connection`` (``ssl=``, ``local_addr=`` ...).
+    ``protocol`` is a format's name (:data:`polymux.PROTOCOLS`) or a
+    :class:`~polymux.formats.Format` (with its typed options:
+    ``polymux.formats.get("yamux").configure(max_receive_window=...)``). ``options`` are
+    :class:`SessionConfig` fields (``receive_window=...``) or keyword arguments of
+    ``loop.create_connection`` (``ssl=``, ``local_addr=`` ...).
     ``handler(reader, writer)`` runs for each channel the peer opens; without it, take
     them with ``session.accept_channel()`` or ``async for``.
     """
@@ -89,7 +92,7 @@ async def connect(
 async def connect_unix(
     path: str | os.PathLike[str] | None,
     *,
-    protocol: str,
+    protocol: str | Format,
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
@@ -111,7 +114,7 @@ async def over(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     *,
-    protocol: str,
+    protocol: str | Format,
     is_client: bool = True,
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
@@ -127,10 +130,9 @@ async def over(
     within ``handshake_timeout``, as on a server's connections, unless a channel is opened
     to it first; ``first_frame_deadline=False`` waits for it as long as ``idle_timeout``
     allows (a trusted peer that may stay silent)."""
-    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
     mux = MuxProtocol(
-        protocol,
+        resolve(protocol, cfg),
         cfg,
         is_client=is_client,
         handler=handler,

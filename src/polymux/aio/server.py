@@ -13,8 +13,7 @@ from typing import Any, Protocol, Self, cast
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
-from polymux.engine import check_protocol
-from polymux.formats import get as get_format
+from polymux.formats import Format, resolve
 
 
 __all__ = ["Server", "start_server", "start_unix_server"]
@@ -323,7 +322,7 @@ class Server:
 
 
 def _server(
-    protocol: str,
+    protocol: str | Format,
     handler: ChannelHandler | None,
     config: SessionConfig | None,
     session_handler: SessionHandler | None,
@@ -331,12 +330,12 @@ def _server(
     max_connections: int | None,
     options: dict[str, Any],
 ) -> Server:
-    check_protocol(protocol)
-    check_handler(protocol, get_format(protocol).caps.one_way, handler)
     cfg = SessionConfig.from_options(config, **options)
+    fmt = resolve(protocol, cfg)
+    check_handler(fmt.name, fmt.caps.one_way, handler)
 
     def make() -> MuxProtocol:
-        return MuxProtocol(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
+        return MuxProtocol(fmt, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
     return Server(make, session_handler, max_connections, cfg.handshake_timeout)
 
@@ -346,7 +345,7 @@ async def start_server(
     host: str | None,
     port: int,
     *,
-    protocol: str,
+    protocol: str | Format,
     config: SessionConfig | None = None,
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
@@ -356,7 +355,8 @@ async def start_server(
 ) -> Server:
     """Listen on TCP; each connection is a session, each incoming channel runs
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
-    runs once per session when its handshake is done. ``options`` are
+    runs once per session when its handshake is done. ``protocol``: a format's name or a
+    :class:`~polymux.formats.Format` (see :func:`polymux.connect`). ``options`` are
     :class:`SessionConfig` fields. At most ``max_connections`` connections are held at
     once, counted from their accept (``None``: no limit); when it is reached, the oldest
     one whose peer has sent nothing yet is closed to make room, or else the new one is
@@ -387,7 +387,7 @@ async def start_unix_server(
     handler: ChannelHandler | None,
     path: str | os.PathLike[str],
     *,
-    protocol: str,
+    protocol: str | Format,
     config: SessionConfig | None = None,
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,

@@ -22,8 +22,9 @@ from polymux.aio._sockinfo import kernel_unsent
 from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
 from polymux.config import SessionConfig
-from polymux.engine import Engine, make_engine
+from polymux.engine import Engine
 from polymux.exceptions import SessionClosed
+from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
 from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
@@ -93,7 +94,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def __init__(
         self,
-        protocol: str,
+        protocol: str | Format,
         config: SessionConfig | None = None,
         *,
         is_client: bool = True,
@@ -104,7 +105,8 @@ class MuxProtocol(asyncio.Protocol):
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.config = config = config or SessionConfig()
-        self.engine = engine or make_engine(protocol, config, is_client=is_client)
+        fmt = protocol if isinstance(protocol, Format) else resolve(protocol, config)
+        self.engine = engine or fmt.make_engine(config, is_client=is_client)
         self.is_client = is_client
         self.core = SessionCore(
             self.engine,

@@ -39,14 +39,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
-from polymux import formats
 from polymux._extras import require
 from polymux.aio.client import _ready
 from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
-from polymux.engine import check_protocol
 from polymux.exceptions import ProtocolError
+from polymux.formats import Format, resolve
 from polymux.wire import omnistreams as omni_wire
 
 
@@ -71,7 +70,7 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _make_mux(
-    protocol: str,
+    fmt: Format,
     cfg: SessionConfig,
     *,
     is_client: bool,
@@ -80,10 +79,9 @@ def _make_mux(
 ) -> MuxProtocol:
     # Formats that can take one WebSocket message per frame do (omnistreams); the others
     # run as a byte stream over the messages.
-    fmt = formats.get(protocol)
     engine = fmt.make_engine(cfg, is_client=is_client, message_mode=fmt.caps.message_transport)
     return MuxProtocol(
-        protocol, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter, engine=engine
+        fmt, cfg, is_client=is_client, handler=handler, offer_filter=offer_filter, engine=engine
     )
 
 
@@ -503,7 +501,7 @@ class _WebSocketTransport(asyncio.Transport):
 async def connect_websocket(
     uri: str,
     *,
-    protocol: str = "omnistreams",
+    protocol: str | Format = "omnistreams",
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
@@ -519,12 +517,12 @@ async def connect_websocket(
     require("websockets", "connect_websocket (WebSocket endpoints)")
     from websockets.asyncio.client import connect as ws_connect
 
-    check_protocol(protocol)
-    check_handler(protocol, formats.get(protocol).caps.one_way, handler)
     session_opts, ws_opts = _split(options)
     cfg = SessionConfig.from_options(config, **session_opts)
+    fmt = resolve(protocol, cfg)
+    check_handler(fmt.name, fmt.caps.one_way, handler)
     ws = await ws_connect(uri, create_connection=_client_class(), **_ws_defaults(cfg, ws_opts))
-    mux = _make_mux(protocol, cfg, is_client=True, handler=handler, offer_filter=offer_filter)
+    mux = _make_mux(fmt, cfg, is_client=True, handler=handler, offer_filter=offer_filter)
     transport = _WebSocketTransport(ws, mux)
     mux.connection_made(transport)
     transport._start()
@@ -536,7 +534,7 @@ async def serve_websocket(
     host: str | None,
     port: int,
     *,
-    protocol: str = "omnistreams",
+    protocol: str | Format = "omnistreams",
     config: SessionConfig | None = None,
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
@@ -556,13 +554,13 @@ async def serve_websocket(
     require("websockets", "serve_websocket (WebSocket endpoints)")
     from websockets.asyncio.server import serve as ws_serve
 
-    check_protocol(protocol)
-    check_handler(protocol, formats.get(protocol).caps.one_way, handler)
     session_opts, ws_opts = _split(options)
     cfg = SessionConfig.from_options(config, **session_opts)
+    fmt = resolve(protocol, cfg)
+    check_handler(fmt.name, fmt.caps.one_way, handler)
 
     def make() -> MuxProtocol:
-        return _make_mux(protocol, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
+        return _make_mux(fmt, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
     server = Server(make, session_handler, max_connections, cfg.handshake_timeout)
     connection_class = _server_class(server)

@@ -36,8 +36,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
 from polymux.config import SessionConfig
-from polymux.engine import Engine, check_protocol, make_engine
+from polymux.engine import Engine
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
+from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
 from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
@@ -888,7 +889,7 @@ class AnyioSession:
 async def session(
     stream: ByteStream,
     *,
-    protocol: str,
+    protocol: str | Format,
     is_client: bool = True,
     config: SessionConfig | None = None,
     offer_filter: Callable[[str], bool] | None = None,
@@ -898,7 +899,8 @@ async def session(
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
     the ``async with`` block; on either anyio backend.
 
-    ``is_client`` picks the id side for formats where it matters (yamux).
+    ``protocol`` is a format's name or a :class:`~polymux.formats.Format` (with its typed
+    options). ``is_client`` picks the id side for formats where it matters (yamux).
     ``offer_filter(name) -> bool`` accepts or refuses the peer's offers. ``options`` are
     :class:`~polymux.SessionConfig` fields (the same limits, budgets and timeouts as the
     asyncio API: both drive one :class:`~polymux.session.SessionCore`).
@@ -908,9 +910,8 @@ async def session(
     unless a channel is opened to it first; ``first_frame_deadline=False`` lifts that for a
     trusted peer that may stay silent longer.
     """
-    check_protocol(protocol)
     cfg = SessionConfig.from_options(config, **options)
-    engine = make_engine(protocol, cfg, is_client=is_client)
+    engine = resolve(protocol, cfg).make_engine(cfg, is_client=is_client)
     s = AnyioSession(
         stream,
         engine,

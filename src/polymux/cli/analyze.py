@@ -22,7 +22,7 @@ __all__ = ["register", "run"]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``polymux analyze``."""
-    from polymux.wire import PROTOCOLS
+    from polymux.formats import PROTOCOLS
 
     parser = sub.add_parser(
         "analyze",

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from polymux._extras import require
 from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
-from polymux.wire import PROTOCOLS
+from polymux.formats import PROTOCOLS
 
 
 if TYPE_CHECKING:

@@ -1,29 +1,16 @@
-"""Sans-I/O state machines, one per wire format, behind one interface (:class:`Engine`)."""
+"""Sans-I/O state machines, one per wire format, behind one interface (:class:`Engine`).
+
+Each engine module also declares its formats' :class:`Capabilities` (which the engine
+reads) and, where a format has settings of its own, its typed options
+(:class:`FormatOptions`). Engines are made through the format registry,
+:func:`polymux.formats.make_engine` / :meth:`polymux.formats.Format.make_engine`; this
+package imports nothing above it.
+"""
 
 from __future__ import annotations
 
-from polymux import formats
-from polymux.config import SessionConfig
 from polymux.engine.base import Engine
+from polymux.engine.spec import Capabilities, FormatOptions, NoOptions
 
 
-__all__ = ["Engine", "check_protocol", "make_engine"]
-
-
-def check_protocol(protocol: str) -> str:
-    """Return ``protocol`` if polymux speaks it; raise ``ValueError`` naming the choices."""
-    formats.get(protocol)
-    return protocol
-
-
-def make_engine(
-    protocol: str, config: SessionConfig | None = None, *, is_client: bool = True, message_mode: bool = False
-) -> Engine:
-    """Create the engine for ``protocol`` (one of :data:`polymux.PROTOCOLS`, as the format
-    registry :mod:`polymux.formats` declares it).
-
-    ``is_client`` tells which end of the connection this is, for formats whose id
-    allocation depends on it; ``message_mode``: over a transport that keeps message
-    boundaries (WebSocket), for formats that can.
-    """
-    return formats.get(protocol).make_engine(config, is_client=is_client, message_mode=message_mode)
+__all__ = ["Capabilities", "Engine", "FormatOptions", "NoOptions"]

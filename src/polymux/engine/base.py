@@ -23,6 +23,7 @@ from polymux._types import BytesLike
 from polymux.engine.channel import IGNORE, ChannelRecord, ChannelState, Input, Transitions
 from polymux.engine.events import ChannelClosed, ChannelEnded, DataReceived, Event
 from polymux.engine.flow import ReceiveWindow, SendCredit
+from polymux.engine.spec import Capabilities
 from polymux.exceptions import FlowControlError, PolymuxError, ProtocolError
 
 
@@ -94,30 +95,35 @@ class Engine(ABC, Generic[R]):
     """The wire format's name, as in ``protocol=``."""
     max_frame: int
     """Largest payload one data frame carries."""
+    caps: Capabilities
+    """What the format can carry and how its channels behave: the one declaration of the
+    format's capabilities (its engine module's); the flags below are read from it."""
     has_flow_control: bool
     """True when the peer returns credit on the wire (the reader need not pause the
-    connection to bound memory)."""
+    connection to bound memory): ``caps.credit`` is not ``None``."""
     now: float = 0.0
     """The current time, set by the I/O layer before it calls in (formats with timers:
     RTT, window tuning); engines never read a clock themselves."""
-    needs_acceptance: bool = True
+    needs_acceptance: bool
     """True when an opened channel waits for the peer's acceptance before it is usable;
-    False when it is open at once (mplex)."""
-    open_acknowledged: bool = False
+    False when it is open at once (mplex): ``caps.acceptance``."""
+    open_acknowledged: bool
     """True when the peer acknowledges each open that is usable at once (yamux's ACK): the
-    session bounds the opens awaiting it (``max_unacked_opens``, ``stream_open_timeout``)."""
-    has_ping: bool = False
-    """True when the format has pings (:meth:`ping`, a ``PingAcked`` event)."""
-    ping_answered: bool = True
+    session bounds the opens awaiting it (``max_unacked_opens``, ``stream_open_timeout``):
+    ``caps.open_acknowledged``."""
+    has_ping: bool
+    """True when the format has pings (:meth:`ping`, a ``PingAcked`` event): ``caps.ping``."""
+    ping_answered: bool
     """True when the peer answers :meth:`ping` (yamux, Streamux). False when nothing answers
     the format's keepalive frame (smux's NOP): the next whole frame from the peer
-    acknowledges the ping instead, so an idle peer's own keepalive is the answer."""
-    one_way: bool = False
+    acknowledges the ping instead, so an idle peer's own keepalive is the answer:
+    ``caps.ping_answered``."""
+    one_way: bool
     """True when channels carry data from their opener to their acceptor only
-    (omnistreams): the opener's reader and the acceptor's writer refuse."""
-    has_controls: bool = False
+    (omnistreams): the opener's reader and the acceptor's writer refuse: ``caps.one_way``."""
+    has_controls: bool
     """True when the format carries session-level control messages (:meth:`send_control`,
-    a ``ControlReceived`` event)."""
+    a ``ControlReceived`` event): ``caps.controls``."""
     message_mode: bool = False
     """True when the engine takes whole messages from a transport that keeps message
     boundaries (omnistreams over WebSocket) instead of a byte stream."""
@@ -133,7 +139,15 @@ class Engine(ABC, Generic[R]):
     """True when each side counts its own channel ids (a wire id names a channel only with
     its origin); False when the sides share one id space (yamux, smux: odd and even)."""
 
-    def __init__(self) -> None:
+    def __init__(self, caps: Capabilities) -> None:
+        self.caps = caps
+        self.has_flow_control = caps.credit is not None
+        self.needs_acceptance = caps.acceptance
+        self.open_acknowledged = caps.open_acknowledged
+        self.has_ping = caps.ping
+        self.ping_answered = caps.ping_answered
+        self.one_way = caps.one_way
+        self.has_controls = caps.controls
         self._out: list[BytesLike] = []
         self._channels: dict[int, R] = {}
         self._by_wire: dict[Hashable, R] = {}

@@ -30,15 +30,29 @@ from polymux.engine.base import DataRuns, Engine, run_size
 from polymux.engine.channel import HALF_CLOSE, IGNORE, ChannelRecord, ChannelState, Input, Refuse, Transitions
 from polymux.engine.events import ChannelOpened, ChannelReset, Event
 from polymux.engine.flow import SendCredit
+from polymux.engine.spec import Capabilities
 from polymux.wire import mplex as wire
 from polymux.wire.mplex import Flag
 
 
-__all__ = ["MULTIPLEX_MAX_MESSAGE_SIZE", "MplexEngine"]
+__all__ = ["CAPABILITIES", "MAX_MESSAGE_SIZES", "MULTIPLEX_MAX_MESSAGE_SIZE", "MplexEngine"]
 
 MULTIPLEX_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 """Default frame limit of the ``multiplex`` dialect (its npm package sends a write of any
 size as one frame and sets no limit)."""
+
+MAX_MESSAGE_SIZES = {"mplex": wire.MAX_MESSAGE_SIZE, "multiplex": MULTIPLEX_MAX_MESSAGE_SIZE}
+"""Each dialect's default frame limit (``SessionConfig.max_message_size`` of ``None``)."""
+
+CAPABILITIES = {
+    "mplex": Capabilities(
+        names=True, credit=None, ping=False, half_close=True, reset_message=False, acceptance=False
+    ),
+    "multiplex": Capabilities(
+        names=True, credit=None, ping=False, half_close=True, reset_message=True, acceptance=False
+    ),
+}
+"""What each dialect carries: multiplex's resets carry the error text, libp2p mplex's none."""
 
 _S = ChannelState
 _AFTER_CLOSE = Refuse("data for {channel} after the peer closed it")
@@ -70,19 +84,17 @@ class MplexEngine(Engine[ChannelRecord]):
             16 MiB for multiplex); sent frames are at most ``min(that, send_frame)`` bytes.
     """
 
-    has_flow_control = False
-    needs_acceptance = False
     _tables = (TRANSITIONS, TRANSITIONS)
 
     def __init__(self, dialect: str = "mplex", config: SessionConfig | None = None) -> None:
-        super().__init__()
-        if dialect not in ("mplex", "multiplex"):
+        if dialect not in CAPABILITIES:
             raise ValueError(f"unknown mplex dialect {dialect!r}")
+        super().__init__(CAPABILITIES[dialect])
         self.format = dialect
         self.config = config or SessionConfig()
         limit = self.config.max_message_size
         if limit is None:
-            limit = wire.MAX_MESSAGE_SIZE if dialect == "mplex" else MULTIPLEX_MAX_MESSAGE_SIZE
+            limit = MAX_MESSAGE_SIZES[dialect]
         self.max_message_size = limit
         self.max_frame = min(limit, self.config.send_frame)
         self._decoder = wire.Decoder(limit, dialect)
@@ -184,7 +196,7 @@ class MplexEngine(Engine[ChannelRecord]):
 
     def _send_reset(self, record: ChannelRecord, previous: ChannelState, message: str | None) -> None:
         """Reset the stream (both directions); multiplex carries ``message``."""
-        body = message.encode() if message and self.format == "multiplex" else b""
+        body = message.encode() if message and self.caps.reset_message else b""
         self._out.append(wire.encode_header(record.wire_id, self._flags(record)[2], len(body)))
         if body:
             self._out.append(body)

@@ -40,11 +40,26 @@ from polymux.engine.events import (
     SessionReady,
 )
 from polymux.engine.flow import ReceiveWindow, SendCredit, budget_window, default_ack_threshold
+from polymux.engine.spec import Capabilities
 from polymux.wire import mstream as wire
 from polymux.wire.mstream import ControlCode as C
 
 
-__all__ = ["DEFAULT_REMOTE_WINDOW", "MStreamEngine", "MStreamRecord"]
+__all__ = ["CAPABILITIES", "DEFAULT_REMOTE_WINDOW", "MStreamEngine", "MStreamRecord"]
+
+CAPABILITIES = {
+    version: Capabilities(
+        names=True,
+        credit=None if version == 1 else "bytes",
+        ping=False,
+        half_close=True,
+        reset_message=version >= 2,
+        handshake=version < 3,
+    )
+    for version in (1, 2, 3)
+}
+"""What each major version carries: named offers that wait for their acceptance, and from
+v2 a byte window per channel and reset texts; v1 and v2 start with a handshake."""
 
 _S = ChannelState
 _I = Input
@@ -126,12 +141,11 @@ class MStreamEngine(Engine[MStreamRecord]):
     def __init__(
         self, version: int, config: SessionConfig | None = None, *, random: bytes | None = None
     ) -> None:
-        super().__init__()
-        if version not in (1, 2, 3):
+        if version not in CAPABILITIES:
             raise ValueError(f"unknown MultiplexingStream version {version!r}")
+        super().__init__(CAPABILITIES[version])
         self.version = version
         self.format = wire.format_name(version)
-        self.has_flow_control = version >= 2
         self.config = config or SessionConfig()
         self._decoder = wire.Decoder(version)
         self._granted = 0  # receive windows of live channels, summed (max_session_memory)

@@ -59,12 +59,34 @@ from polymux.engine.events import (
     Event,
 )
 from polymux.engine.flow import MessageCredit, MessageWindow, budget_window, message_window, split_count
+from polymux.engine.spec import Capabilities
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import omnistreams as wire
 from polymux.wire.omnistreams import Kind
 
 
-__all__ = ["ControlReceived", "OmnistreamsEngine", "OmnistreamsRecord", "decode_metadata", "encode_metadata"]
+__all__ = [
+    "CAPABILITIES",
+    "ControlReceived",
+    "OmnistreamsEngine",
+    "OmnistreamsRecord",
+    "decode_metadata",
+    "encode_metadata",
+]
+
+CAPABILITIES = Capabilities(
+    names=True,
+    credit="messages",
+    ping=False,
+    half_close=False,
+    reset_message=False,
+    one_way=True,
+    message_transport=True,
+    acceptance=False,
+    controls=True,
+)
+"""omnistreams (both numberings): one-way streams named in their creation metadata, a
+credit of messages, control messages, and one message per frame over WebSocket."""
 
 _S = ChannelState
 _I = Input
@@ -143,24 +165,19 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         config: ``receive_window`` (bytes; the message credit a reader grants is
             ``receive_window // chunkSize``), ``send_frame`` (our chunk size, capped by
             ``max_message_size - 2``), ``max_message_size`` (largest message accepted,
-            default 1 MiB + 2) and ``omnistreams_numbering``.
-        numbering: ``"spec"`` or ``"legacy"``; overrides the config's.
+            default 1 MiB + 2) and, kept for compatibility, ``omnistreams_numbering``.
+        numbering: ``"spec"`` (the default) or ``"legacy"``; overrides the config's.
         message_mode: True when the transport keeps message boundaries (WebSocket).
     """
 
-    has_flow_control = True
-    needs_acceptance = False
-    one_way = True
-    """Streams carry data from their opener to their acceptor only."""
-    has_controls = True
     _tables = (TRANSITIONS, TRANSITIONS)
 
     def __init__(
         self, config: SessionConfig | None = None, *, numbering: str | None = None, message_mode: bool = False
     ) -> None:
-        super().__init__()
+        super().__init__(CAPABILITIES)
         self.config = config = config or SessionConfig()
-        name = numbering or config.omnistreams_numbering
+        name = numbering or config.omnistreams_numbering or "spec"
         if name not in wire.NUMBERINGS:
             raise ValueError(f"omnistreams numbering must be 'spec' or 'legacy', got {name!r}")
         self.numbering = wire.NUMBERINGS[name]

@@ -31,7 +31,7 @@ Rules, read from xtaci/smux 1.5.16 (Debian's) and v1.5.57 (``session.go``, ``str
   output is taken and never for a stream whose FIN arrived. xtaci also stops reading its
   connection while its session buffer (``MaxReceiveBuffer``, 4 MiB) is full, and its
   streams' windows add up to more: a stream waiting to write our credit then never reads
-  it. So all streams together keep half of ``smux_peer_buffer`` in flight, each still up to
+  it. So all streams together keep half of :attr:`SmuxOptions.peer_buffer` in flight, each still up to
   half its window (:class:`~polymux.engine.flow.SharedSendLimit`). Data beyond what we allowed is a
   :class:`~polymux.exceptions.FlowControlError`; a UPD that says more was consumed than was
   sent is a protocol error.
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -64,11 +64,49 @@ from polymux.engine.flow import (
     budget_window,
     default_ack_threshold,
 )
+from polymux.engine.spec import Capabilities, FormatOptions
 from polymux.wire import smux as wire
 from polymux.wire.smux import Cmd
 
 
-__all__ = ["SmuxEngine", "SmuxRecord"]
+__all__ = ["CAPABILITIES", "SmuxEngine", "SmuxOptions", "SmuxRecord"]
+
+CAPABILITIES = {
+    version: Capabilities(
+        names=False,
+        credit="bytes" if version == 2 else None,
+        ping=True,
+        half_close=True,
+        reset_message=False,
+        acceptance=False,
+        ping_answered=False,
+    )
+    for version in wire.VERSIONS
+}
+"""What each protocol version carries: no names, NOP keepalives that nothing answers, and
+in version 2 a byte window per stream (UPD)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmuxOptions(FormatOptions):
+    """smux's own settings (``polymux.formats.get("smux-v2").configure(...)``). The
+    :class:`~polymux.SessionConfig` keyword ``smux_peer_buffer`` of older releases still
+    sets :attr:`peer_buffer`."""
+
+    legacy: ClassVar[Mapping[str, str]] = {"smux_peer_buffer": "peer_buffer"}
+
+    peer_buffer: int = 4 * 1024 * 1024
+    """Version 2: the peer's session-wide receive buffer (xtaci/smux's
+    ``MaxReceiveBuffer``, 4 MiB by default). A session keeps at most half of it in flight
+    over all its streams (each stream may still reach half its window): xtaci stops reading
+    its connection while that buffer is full, and a stream whose reader waits for our credit
+    would then never read it (an echo over 64 streams deadlocked so). Raise it to match a
+    peer configured with a larger buffer."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.peer_buffer, int) or self.peer_buffer <= 0:
+            raise ValueError(f"SmuxOptions.peer_buffer must be a positive int, got {self.peer_buffer!r}")
+
 
 _MASK = 0xFFFFFFFF
 _S = ChannelState
@@ -110,24 +148,29 @@ class SmuxEngine(Engine[SmuxRecord]):
         config: ``send_frame`` (capped at 65,535), and for version 2 ``receive_window``,
             ``ack_min`` and ``max_session_memory``.
         is_client: the connecting side (odd stream ids); the listener is the server.
+        options: smux's own settings; by default :class:`SmuxOptions` with what ``config``
+            sets of their legacy keywords.
     """
 
-    needs_acceptance = False
-    has_ping = True
-    ping_answered = False
     _tables = (TRANSITIONS, TRANSITIONS)
     _ids_per_origin = False  # clients odd, servers even
 
     def __init__(
-        self, version: int = 1, config: SessionConfig | None = None, *, is_client: bool = True
+        self,
+        version: int = 1,
+        config: SessionConfig | None = None,
+        *,
+        is_client: bool = True,
+        options: SmuxOptions | None = None,
     ) -> None:
-        super().__init__()
         if version not in wire.VERSIONS:
             raise ValueError(f"smux protocol version must be 1 or 2, got {version!r}")
+        super().__init__(CAPABILITIES[version])
         self.version = version
         self.format = "smux" if version == 1 else "smux-v2"
-        self.has_flow_control = version == 2
         self.config = config or SessionConfig()
+        self.options = options if options is not None else SmuxOptions().merged(config)
+        """smux's own settings."""
         self.is_client = is_client
         self.max_frame = min(self.config.send_frame, wire.MAX_PAYLOAD)
         self._decoder = wire.Decoder(version, self.format)
@@ -138,8 +181,8 @@ class SmuxEngine(Engine[SmuxRecord]):
         self._credit: dict[int, SmuxRecord] = {}  # handle -> stream with a UPD due
         self._granted = 0  # receive windows of live streams, summed (max_session_memory)
         # Version 2: what is in flight over all streams, within half the peer's session
-        # buffer (SessionConfig.smux_peer_buffer); streams it held back, told when it frees.
-        self._shared = SharedSendLimit(self.config.smux_peer_buffer // 2) if version == 2 else None
+        # buffer (SmuxOptions.peer_buffer); streams it held back, told when it frees.
+        self._shared = SharedSendLimit(self.options.peer_buffer // 2) if version == 2 else None
         self._held_back: set[int] = set()
 
     @property

@@ -34,12 +34,13 @@ Rules:
   never end). :meth:`may_hold` lets the I/O layer go on past its usual limits (the asyncio
   layer: the writer past its high-water mark; the anyio one, whose writer waits for
   credit: reading the request past the receive window) and bounds what it holds instead:
-  ``streamux_response_hold`` bytes per response, ``streamux_hold_budget`` for all of a
-  session's held responses; beyond them the I/O layer resets the channel.
+  :attr:`StreamuxOptions.response_hold` bytes per response,
+  :attr:`StreamuxOptions.hold_budget` for all of a session's held responses; beyond them
+  the I/O layer resets the channel.
 * The responder has no way to fail a request on the wire: resetting (or rejecting) a
   request drops the rest of it and ends the response (an empty termination, sent once the
   request has ended: the requester reads an empty response).
-* ``streamux_early_responses=True`` (a polymux extension, off by default) lifts the rule:
+* :attr:`StreamuxOptions.early_responses` (a polymux extension, off by default) lifts the rule:
   a response may start while its request is still arriving, so one channel can carry a
   conversation (polymux's chat and file-transfer apps). The spec's flow does not allow
   it and go-streamux fails the session on it: only between polymux peers. A polymux
@@ -52,7 +53,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -70,11 +71,123 @@ from polymux.engine.events import (
     SessionReady,
 )
 from polymux.engine.flow import SendCredit
+from polymux.engine.spec import Capabilities, FormatOptions
 from polymux.exceptions import LimitExceeded, ProtocolError
 from polymux.wire import streamux as wire
 
 
-__all__ = ["StreamuxEngine", "StreamuxRecord"]
+__all__ = ["CAPABILITIES", "StreamuxEngine", "StreamuxOptions", "StreamuxRecord"]
+
+CAPABILITIES = Capabilities(
+    names=False,
+    credit=None,
+    ping=True,
+    half_close=True,
+    reset_message=False,
+    handshake=True,
+    conversation_option="streamux_early_responses",
+    acceptance=False,
+)
+"""Streamux: no names, no credit, pings, an initialize message each way; a channel is one
+request (half-closed by its end), and carries a conversation only with
+:attr:`StreamuxOptions.early_responses`."""
+
+_QUICK_INIT = ("off", "request", "allow")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamuxOptions(FormatOptions):
+    """Streamux's own settings (``polymux.formats.get("streamux").configure(...)``). The
+    :class:`~polymux.SessionConfig` keywords of older releases (``streamux_id_bits`` ...,
+    named in :attr:`legacy`) still set them.
+
+    Raises:
+        ValueError: a bit range the initialize message cannot offer, an unknown
+            ``quick_init``, a limit that is not a positive int, ``hold_budget`` below
+            ``response_hold``.
+    """
+
+    legacy: ClassVar[Mapping[str, str]] = {
+        "streamux_id_bits": "id_bits",
+        "streamux_length_bits": "length_bits",
+        "streamux_quick_init": "quick_init",
+        "streamux_response_hold": "response_hold",
+        "streamux_hold_budget": "hold_budget",
+        "streamux_early_responses": "early_responses",
+    }
+
+    id_bits: tuple[int, int, int] = (1, 29, 14)
+    """Request-id bits we offer: (min, max, recommended; 31 = no preference)."""
+
+    length_bits: tuple[int, int, int] = (6, 30, 16)
+    """Chunk-length bits we offer: (min, max, recommended; 31 = no preference)."""
+
+    quick_init: str = "off"
+    """Quick init: ``"request"`` (send at once with our recommended values), ``"allow"``
+    (accept a peer's request), or ``"off"``."""
+
+    response_hold: int = 64 * 1024 * 1024
+    """Bytes one response may hold unsent while its request is still arriving. A response
+    goes on the wire only after its request ended (go-streamux rejects anything else), and
+    Streamux has no credit to slow the requester down, so a handler that answers as it
+    reads (an echo) must keep reading: its ``drain()`` does not block past
+    ``write_buffer_high`` until the request ends, up to this many bytes; beyond them the
+    channel is reset (the handler gets :class:`~polymux.exceptions.ChannelOverflow` naming
+    this limit; the requester reads an empty response, since the responder has no way to
+    say that a request failed). Held bytes are counted here and in ``hold_budget``, not in
+    ``max_session_memory``: only reading ends a request, so they must never pause
+    reading."""
+
+    hold_budget: int = 64 * 1024 * 1024
+    """What all the responses of one session may hold that way, together (counted once each
+    passes ``write_buffer_high``); the response that passes it is reset. At least
+    ``response_hold``. A Streamux session may so hold up to ``max_session_memory`` plus
+    this."""
+
+    early_responses: bool = False
+    """A polymux extension: answer a request while it is still arriving, so that one
+    channel can carry a conversation (polymux's chat and file-transfer servers set it). The
+    spec's flow is request, then response, and go-streamux ends the session on a response
+    to a request it is still sending: set it only where every peer is polymux (a polymux
+    requester accepts early responses either way)."""
+
+    def __post_init__(self) -> None:
+        if self.early_responses not in (False, True):
+            raise ValueError(f"StreamuxOptions.early_responses must be a bool, got {self.early_responses!r}")
+        if self.quick_init not in _QUICK_INIT:
+            raise ValueError(
+                f"StreamuxOptions.quick_init must be 'off', 'request' or 'allow', got {self.quick_init!r}"
+            )
+        for name in ("response_hold", "hold_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"StreamuxOptions.{name} must be a positive int, got {value!r}")
+        if self.hold_budget < self.response_hold:
+            # A per-response limit that the session's budget never lets a response reach
+            # is not a limit.
+            raise ValueError(
+                f"StreamuxOptions.hold_budget ({self.hold_budget}) must be at least "
+                f"response_hold ({self.response_hold})"
+            )
+        try:
+            self._init_message().check()
+        except ProtocolError as exc:
+            raise ValueError(f"invalid streamux settings: {exc.detail}") from None
+
+    def _init_message(self) -> wire.InitMessage:
+        """The initialize message these options offer."""
+        ids, lengths = self.id_bits, self.length_bits
+        return wire.InitMessage(
+            quick_request=self.quick_init == "request",
+            quick_allowed=self.quick_init == "allow",
+            id_min=ids[0],
+            id_max=ids[1],
+            id_rec=ids[2],
+            length_min=lengths[0],
+            length_max=lengths[1],
+            length_rec=lengths[2],
+        )
+
 
 _S = ChannelState
 _I = Input
@@ -135,32 +248,30 @@ class StreamuxRecord(ChannelRecord):
 
 
 class StreamuxEngine(Engine[StreamuxRecord]):
-    """One side of a Streamux session."""
+    """One side of a Streamux session.
+
+    Args:
+        config: ``send_frame`` and the session's limits.
+        random_id: the first request id (unpredictable by default; fixed in tests).
+        options: Streamux's own settings; by default :class:`StreamuxOptions` with what
+            ``config`` sets of their legacy keywords.
+    """
 
     format = "streamux"
-    has_flow_control = False
-    needs_acceptance = False
-    has_ping = True
     _tables = (SERVED_REQUESTS, OUR_REQUESTS)
 
-    def __init__(self, config: SessionConfig | None = None, *, random_id: int | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        config: SessionConfig | None = None,
+        *,
+        random_id: int | None = None,
+        options: StreamuxOptions | None = None,
+    ) -> None:
+        super().__init__(CAPABILITIES)
         self.config = config or SessionConfig()
-        c = self.config
-        self.ours = wire.InitMessage(
-            quick_request=c.streamux_quick_init == "request",
-            quick_allowed=c.streamux_quick_init == "allow",
-            id_min=c.streamux_id_bits[0],
-            id_max=c.streamux_id_bits[1],
-            id_rec=c.streamux_id_bits[2],
-            length_min=c.streamux_length_bits[0],
-            length_max=c.streamux_length_bits[1],
-            length_rec=c.streamux_length_bits[2],
-        )
-        try:
-            self.ours.check()
-        except ProtocolError as exc:
-            raise ValueError(f"invalid streamux settings: {exc.detail}") from None
+        self.options = options = options if options is not None else StreamuxOptions().merged(config)
+        """Streamux's own settings."""
+        self.ours = options._init_message()
         self.theirs: wire.InitMessage | None = None
         self.negotiated: wire.Negotiated | None = None
         self.max_frame = 1
@@ -175,7 +286,7 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         self.held_bytes = 0
         """Bytes held for responses that wait for their requests' end (unsent, or unread),
         as the I/O layer last reported them (:meth:`may_hold`), summed over the session."""
-        self._early = c.streamux_early_responses  # polymux-only conversations: no hold
+        self._early = options.early_responses  # polymux-only conversations: no hold
         self._out.append(wire.encode_init(self.ours))
         if self.ours.quick_request:
             # Quick init: the peer will take our recommended values (or fail).
@@ -330,25 +441,25 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         """True for a request we serve that has not ended, whose response has not ended
         either: neither its writer nor the connection's reading may wait (see the module
         docstring). ``held`` (what the I/O layer holds for it: the unsent response, or
-        the unread request) counts against ``streamux_response_hold`` and, summed over the
-        session, ``streamux_hold_budget``, beyond which
+        the unread request) counts against :attr:`StreamuxOptions.response_hold` and,
+        summed over the session, :attr:`StreamuxOptions.hold_budget`, beyond which
         :class:`~polymux.exceptions.LimitExceeded` is raised (and the bytes are no longer
         counted: the channel is to be reset)."""
         record = self._channels.get(channel)
         if record is None or record.local_origin or record.remote_end or record.local_end or self._early:
             return False
-        config = self.config
+        options = self.options
         total = self.held_bytes - record.held + held
         problem = None
-        if held > config.streamux_response_hold:
+        if held > options.response_hold:
             problem = (
-                f"{held} bytes exceed streamux_response_hold={config.streamux_response_hold} "
+                f"{held} bytes exceed streamux_response_hold={options.response_hold} "
                 "(raise it, or read the whole request before answering)"
             )
-        elif total > config.streamux_hold_budget:
+        elif total > options.hold_budget:
             problem = (
                 f"{total} bytes held by the session's responses exceed "
-                f"streamux_hold_budget={config.streamux_hold_budget} (raise it)"
+                f"streamux_hold_budget={options.hold_budget} (raise it)"
             )
         if problem is not None:
             self._release_hold(record)

@@ -16,8 +16,9 @@ Rules:
   peer's FIN: docs/yamux-smux-interop.md.)
 * Window auto-tuning (as go-yamux and py-libp2p do): when a window's worth was consumed
   within ``4 x RTT`` (RTT from pings), the reader keeps up and the sender is window-bound,
-  so the window doubles, up to ``max_receive_window`` per stream, within a session-wide
-  ``window_budget`` so many streams cannot claim unbounded memory.
+  so the window doubles, up to :attr:`YamuxOptions.max_receive_window` per stream, within
+  a session-wide :attr:`YamuxOptions.window_budget` so many streams cannot claim unbounded
+  memory.
 * Time is a parameter: the I/O layer sets :attr:`YamuxEngine.now` before calling in.
 * Frames for streams that do not exist are dropped (hashicorp: data discarded with a
   warning); a SYN for a stream id in use or of the wrong parity, data after FIN, and an
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
@@ -47,12 +48,51 @@ from polymux.engine.events import (
     SessionClosed,
 )
 from polymux.engine.flow import ReceiveWindow, SendCredit
+from polymux.engine.spec import Capabilities, FormatOptions
 from polymux.exceptions import ProtocolError
 from polymux.wire import yamux as wire
 from polymux.wire.yamux import Flag, GoAwayCode, Type
 
 
-__all__ = ["YamuxEngine", "YamuxRecord"]
+__all__ = ["CAPABILITIES", "YamuxEngine", "YamuxOptions", "YamuxRecord"]
+
+CAPABILITIES = Capabilities(
+    names=False,
+    credit="bytes",
+    ping=True,
+    half_close=True,
+    reset_message=False,
+    acceptance=False,
+    open_acknowledged=True,
+)
+"""yamux: no names, a byte window per stream, pings; a stream is usable before its ACK."""
+
+
+@dataclass(frozen=True, slots=True)
+class YamuxOptions(FormatOptions):
+    """yamux's own settings (``polymux.formats.get("yamux").configure(...)``). The
+    :class:`~polymux.SessionConfig` keywords ``max_receive_window`` and ``window_budget``
+    of older releases still set them."""
+
+    legacy: ClassVar[Mapping[str, str]] = {
+        "max_receive_window": "max_receive_window",
+        "window_budget": "window_budget",
+    }
+
+    max_receive_window: int = 16 * 1024 * 1024
+    """The largest receive window auto-tuning may grow a stream's to (from the protocol's
+    256 KiB; go-yamux's default maximum)."""
+
+    window_budget: int = 256 * 1024 * 1024
+    """Window granted beyond the initial 256 KiB per stream, summed over the session; growth
+    stops there, so many streams cannot claim unbounded memory."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_receive_window", "window_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"YamuxOptions.{name} must be a positive int, got {value!r}")
+
 
 _S = ChannelState
 _AFTER_FIN = Refuse("data for stream {id} after its FIN")
@@ -85,24 +125,30 @@ class YamuxEngine(Engine[YamuxRecord]):
     """One side of a yamux session.
 
     Args:
+        config: ``send_frame``, ``ack_min``, ``max_session_memory``.
         is_client: the connecting side (odd stream ids); the listener is the server.
-        config: ``max_receive_window``, ``window_budget``, ``send_frame``.
+        options: yamux's own settings; by default :class:`YamuxOptions` with what
+            ``config`` sets of their legacy keywords.
     """
 
     format = "yamux"
-    has_flow_control = True
-    needs_acceptance = False
-    open_acknowledged = True
-    has_ping = True
     _tables = (TRANSITIONS, TRANSITIONS)
     _ids_per_origin = False  # clients odd, servers even
 
-    def __init__(self, config: SessionConfig | None = None, *, is_client: bool = True) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        config: SessionConfig | None = None,
+        *,
+        is_client: bool = True,
+        options: YamuxOptions | None = None,
+    ) -> None:
+        super().__init__(CAPABILITIES)
         self.config = config or SessionConfig()
+        self.options = options if options is not None else YamuxOptions().merged(config)
+        """yamux's own settings."""
         self.is_client = is_client
         self.max_frame = self.config.send_frame
-        self._decoder = wire.Decoder(max(self.config.max_receive_window, wire.INITIAL_WINDOW))
+        self._decoder = wire.Decoder(max(self.options.max_receive_window, wire.INITIAL_WINDOW))
         self._next_id = 1 if is_client else 2
         self._pings: dict[int, float] = {}
         self._next_ping = 1
@@ -293,16 +339,15 @@ class YamuxEngine(Engine[YamuxRecord]):
         recv = record.recv
         assert recv is not None
         growth = 0
-        max_window = self.config.max_receive_window
+        max_window = self.options.max_receive_window
         if self.rtt is not None and self.now - record.epoch < 4 * self.rtt and recv.window < max_window:
-            config = self.config
             granted = len(self._channels) * wire.INITIAL_WINDOW + self._grown
             growth = min(
                 recv.window,
                 max_window - recv.window,
-                config.window_budget - self._grown,
+                self.options.window_budget - self._grown,
                 # Growth stays within the session's memory budget.
-                (config.max_session_memory - granted) // 2,
+                (self.config.max_session_memory - granted) // 2,
             )
             if growth > 0:
                 recv.grow(growth, threshold=(recv.window + growth) // 2)
