@@ -3,8 +3,8 @@ streams, a raw ``asyncio.Protocol`` and one polymux server per format, all with 
 per-stream behaviour (chosen by the stream's header, see :mod:`benchmarks.common`).
 
 The parent talks to it over a ``multiprocessing`` pipe: the child sends its endpoints,
-then answers ``"rss"`` (current RSS), ``"reset_peak"`` and ``"peak"`` (VmHWM), until
-``"stop"``.
+then answers ``"rss"`` (current RSS), ``"reset_peak"`` and ``"peak"`` (VmHWM), ``"cpu"``
+(its user and system CPU seconds), ``"cprofile_on"`` / ``"cprofile_off"``, until ``"stop"``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import io
 import multiprocessing
 import os
 import pstats
+import resource
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -232,11 +233,24 @@ def _child(loop_name: str, transport: str, formats: list[str], conn: Connection,
                     conn.send(reset_peak_rss())
                 elif command == "peak":
                     conn.send(peak_rss_bytes())
+                elif command == "cpu":
+                    # This process's CPU seconds so far: user, system (benchmarks/account.py;
+                    # getrusage, not os.times: clock ticks of 10 ms are too coarse).
+                    usage = resource.getrusage(resource.RUSAGE_SELF)
+                    conn.send((usage.ru_utime, usage.ru_stime))
                 elif command == "cprofile_on":
                     # CPU time (not wall clock) of this process's loop thread.
                     profiler = cProfile.Profile(time.process_time)
                     profiler.enable()
                     conn.send(True)
+                elif command == "cprofile_entries":
+                    # Every entry, for benchmarks/account.py's split by layer:
+                    # (file, line, function, calls, own CPU seconds).
+                    profiler.disable()
+                    raw = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+                    conn.send(
+                        [(f, line, fn, nc, tt) for (f, line, fn), (_cc, nc, tt, _ct, _c) in raw.items()]
+                    )
                 elif command == "cprofile_off":
                     profiler.disable()
                     conn.send(profile_text(profiler, 30))
