@@ -52,6 +52,14 @@ LAYERS = (
 joins, the loop's C callbacks that Python sees) and other stdlib."""
 
 
+def _short(path: str) -> str:
+    """A profile entry's file, short: ``polymux/aio/session.py``, ``streams.py``, ``~``."""
+    for root in ("/polymux/", "/benchmarks/"):
+        if root in path:
+            return root.strip("/") + "/" + path.split(root, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
 def layer_of(filename: str) -> str:
     """The layer a cProfile entry belongs to (see :data:`LAYERS`)."""
     for name, marks in LAYERS:
@@ -108,6 +116,7 @@ async def run(args: argparse.Namespace) -> int:
                 runs[row].append(await _one(peer, row, payload))
         med = {row: {k: statistics.median(r[k] for r in runs[row]) for k in runs[row][0]} for row in rows}
         layers: dict[str, dict[str, float]] = {}
+        tops: dict[str, list[tuple[str, int, float]]] = {}
         if args.profile:
             for fmt in formats:
                 await peer.ask("cprofile_on")
@@ -118,9 +127,15 @@ async def run(args: argparse.Namespace) -> int:
                 for filename, _line, _func, _calls, own in entries:
                     split[layer_of(filename)] += own
                 layers[fmt] = dict(split)
+                total = sum(split.values()) or 1.0
+                ranked = sorted(entries, key=lambda e: -e[4])[: args.top]
+                tops[fmt] = [
+                    (f"{func} ({_short(path)}:{line})", calls, own / total)
+                    for path, line, func, calls, own in ranked
+                ]
     finally:
         peer.stop()
-    report(args, med, frame, layers)
+    report(args, med, frame, layers, tops)
     return 0
 
 
@@ -129,6 +144,7 @@ def report(
     med: dict[str, dict[str, float]],
     frame: dict[str, int],
     layers: dict[str, dict[str, float]],
+    tops: dict[str, list[tuple[str, int, float]]],
 ) -> None:
     """Print the tables: per row, then per frame, then the profile split."""
     mib = args.mib
@@ -177,6 +193,14 @@ def report(
         print("| layer | share | us per frame |\n|---|---|---|")
         for name, own in sorted(split.items(), key=lambda kv: -kv[1]):
             print(f"| {name} | {100 * own / total:.0f} % | {excess * own / total:.1f} |")
+        print(
+            f"\n| function (top {args.top} by own time) | calls per frame | share | us per frame |\n|---|---|---|---|"
+        )
+        profiled_frames = frames * max(1, args.repeat // 2)
+        for name, calls, share in tops[fmt]:
+            print(
+                f"| `{name}` | {calls / profiled_frames:.2f} | {100 * share:.1f} % | {excess * share:.2f} |"
+            )
     sys.stdout.flush()
 
 
@@ -189,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", type=int, default=256, help="MiB per transfer")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="split polymux's Python by layer (cProfile)")
+    p.add_argument("--top", type=int, default=15, help="functions listed per format with --profile")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the two processes")
     args = p.parse_args(argv)
     unknown = [f for f in args.formats.split(",") if f and f not in polymux.PROTOCOLS]

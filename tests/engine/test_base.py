@@ -9,6 +9,7 @@ import re
 import pytest
 
 from polymux import PROTOCOLS
+from polymux.engine.base import Engine
 from polymux.engine.events import ChannelClosed, ChannelEnded, ChannelOpened
 from polymux.exceptions import PolymuxError
 from polymux.formats import get, make_engine
@@ -71,3 +72,37 @@ def test_a_stream_forgotten_twice_is_released_once() -> None:
     # The id is the peer's to create again.
     [opened] = engine.receive_data(encode_length(len(create)) + create)
     assert isinstance(opened, ChannelOpened) and engine.channel_count == 1
+
+
+def _joined(engine: Engine) -> bytes:
+    return b"".join(bytes(chunk) for chunk in engine.data_to_send())
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_whole_frames_end_where_the_frames_a_peer_sends_end(name: str) -> None:
+    """``whole_frames`` reads the sizes of the frames a peer's engine sends from their
+    headers (input slicing cuts a read there), changing nothing."""
+    a, b = make_engine(name, is_client=True), make_engine(name, is_client=False)
+    for _ in range(2):  # handshakes, initialize messages
+        b.receive_data(_joined(a))
+        a.receive_data(_joined(b))
+    for label in ("x", "y", "z"):
+        handle = a.open_channel(label)
+        if a.send_credit(handle):
+            a.send_data(handle, bytes(100))
+    data = _joined(a)
+    assert b.whole_frames(data, 0, 100) == len(data)
+    first = b.whole_frames(data, 0, 1)
+    assert 0 < first < len(data)
+    b.receive_data(data[:first])  # exactly one frame: nothing is held
+    assert b.whole_frames(data, first, 100) == len(data)
+    assert Engine.whole_frames(b, data, 0, 4) == 0  # a format without a walk: cut by bytes
+
+
+def test_whole_frames_cannot_tell_before_the_format_is_known() -> None:
+    """Nothing to cut over a message transport (omnistreams over WebSocket), nor before
+    Streamux's peer has sent its initialize message (its chunk widths)."""
+    engine = make_engine("omnistreams", message_mode=True)
+    assert engine.whole_frames(encode_length(3) + b"abc", 0, 4) == 0
+    streamux = make_engine("streamux", is_client=False)
+    assert streamux.whole_frames(bytes(64), 0, 4) == 0

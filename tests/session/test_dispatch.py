@@ -9,9 +9,11 @@ from typing import Any
 
 from polymux._types import BytesLike
 from polymux.exceptions import ChannelRejected, LimitExceeded, SessionClosed
+from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import FULL_READ, SLICE, InputSlicer, dense
+from polymux.session.slicing import FULL_READ, SLICE, SLICE_FRAMES, InputSlicer, dense
+from polymux.wire import mplex
 
 from .corekit import open_to, pair, pump
 
@@ -181,6 +183,36 @@ def test_input_slices() -> None:
         assert len(piece) <= SLICE
         got.append(piece)
     assert b"".join(got) == data and len(got) == 3 and slicer.pending is None
+
+
+def test_slices_end_where_frames_end() -> None:
+    """A slice reaches to the end of its first SLICE_FRAMES frames when they pass SLICE
+    bytes: a read of 64 KiB frames is one slice (the read itself, not a copy), a read of
+    tiny frames goes in SLICE bytes, and a read that starts inside a frame completes it."""
+    engine = make_engine("mplex")
+    big = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, bytes(64 * 1024)))
+    read = (big * 5)[:FULL_READ]  # four whole frames and the start of a fifth
+    slicer = InputSlicer()
+    slicer.hold(read)
+    assert slicer.next_slice(engine.whole_frames) is read and slicer.pending is None
+    tiny = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, b"x"))
+    read = tiny * (FULL_READ // len(tiny))
+    slicer.hold(read)
+    sizes = []
+    while (piece := slicer.next_slice(engine.whole_frames)) is not None:
+        sizes.append(len(piece))
+    assert sizes == [SLICE] * (len(read) // SLICE) + ([len(read) % SLICE] if len(read) % SLICE else [])
+    # Medium frames: SLICE_FRAMES of them a slice.
+    medium = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, bytes(6000)))
+    slicer.hold(medium * 40)
+    assert len(slicer.next_slice(engine.whole_frames) or b"") == SLICE_FRAMES * len(medium)
+    slicer.pending = None
+    # A read that starts inside a frame: its rest first (the engine holds its start).
+    engine.receive_data(big[:100])
+    rest = big[100:] + tiny * 20_000
+    slicer.hold(rest)
+    first = slicer.next_slice(engine.whole_frames)
+    assert first is not None and len(first) == len(big) - 100 + (SLICE_FRAMES - 1) * len(tiny)
 
 
 def test_only_dense_input_is_sliced() -> None:

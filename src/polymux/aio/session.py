@@ -212,8 +212,9 @@ class MuxProtocol(asyncio.Protocol):
         start = time.perf_counter()
         elapsed = 0.0
         size = 0
+        whole_frames = self.engine.whole_frames
         while core.reading and not core.failed and elapsed < TURN:
-            piece = slicer.next_slice()
+            piece = slicer.next_slice(whole_frames)
             if piece is None:
                 break
             core.receive_data(piece, _clock())

@@ -832,7 +832,8 @@ class AnyioSession:
         work = 0.0  # seconds of work since other tasks last ran, on ``size`` bytes
         size = 0
         was_dense = False
-        while (piece := slicer.next_slice()) is not None:
+        whole_frames = self.engine.whole_frames
+        while (piece := slicer.next_slice(whole_frames)) is not None:
             if work > TURN:
                 was_dense = was_dense or dense(work, size)
                 await anyio.lowlevel.checkpoint()

@@ -338,6 +338,15 @@ class Engine(ABC, Generic[R]):
         """Process bytes from the peer: data into ``runs``, other events into ``runs.events``
         (flushing ``runs`` first)."""
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` would end, read from
+        their headers only (nothing is decoded or changed): a driver that processes a read a
+        part at a time cuts it there, so no frame is split by the cut. ``start`` where the
+        format cannot tell (mid-frame, during a handshake, or a format without a walk): the
+        driver then cuts by bytes. A frame that runs past ``data`` ends it at ``len(data)``.
+        """
+        return start
+
     def _failed(self, exc: ProtocolError) -> ProtocolError:
         """Hook: the peer broke the format (the engine is closed now); return the error to
         raise (``exc`` itself by default)."""

@@ -134,6 +134,10 @@ class MplexEngine(Engine[ChannelRecord]):
             runs.flush()
             self._on_control(stream_id, flag, body, runs.events)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the frames' varint headers."""
+        return self._decoder.whole_frames(data, start, most)
+
     def _unfinished_input(self) -> tuple[int, str]:
         return self._decoder.pending, "frame"
 

@@ -202,6 +202,10 @@ class MStreamEngine(Engine[MStreamRecord]):
             else:
                 self._on_frame(item, runs.events)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the frames' headers, once the handshake is in."""
+        return self._decoder.whole_frames(data, start, most)
+
     def _unfinished_input(self) -> tuple[int, str]:
         return self._decoder.pending, "frame" if self.ready else "handshake"
 

@@ -246,6 +246,10 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         # The codec names the spec's format; the legacy numbering is a format of its own.
         return exc if exc.format == self.format else ProtocolError(self.format, exc.detail)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the length prefixes; over a message transport there is nothing to cut."""
+        return start if self._decoder is None else self._decoder.whole_frames(data, start, most)
+
     def _unfinished_input(self) -> tuple[int, str]:
         return (self._decoder.pending if self._decoder is not None else 0), "length-prefixed message"
 

@@ -236,6 +236,10 @@ class SmuxEngine(Engine[SmuxRecord]):
             runs.events.extend(PingAcked(opaque) for opaque in self._pings)
             self._pings.clear()
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the frames' 8-byte headers."""
+        return self._decoder.whole_frames(data, start, most)
+
     def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
         return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"

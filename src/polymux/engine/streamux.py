@@ -332,6 +332,14 @@ class StreamuxEngine(Engine[StreamuxRecord]):
         elif n != self.negotiated:  # pragma: no cover - negotiate() gives a quick requester its own bits
             raise self._error(f"quick init assumed {self.negotiated}, negotiation gave {n}")
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the chunk headers, once the peer's initialize message is in."""
+        return (
+            start
+            if self.theirs is None or self._decoder is None
+            else self._decoder.whole_frames(data, start, most)
+        )
+
     def _unfinished_input(self) -> tuple[int, str]:
         pending = self._decoder.pending if self._decoder else 0
         return pending + (len(self._init_buf) if self.theirs is None else 0), "chunk"

@@ -211,6 +211,10 @@ class YamuxEngine(Engine[YamuxRecord]):
         self._go_away(GoAwayCode.PROTOCOL_ERROR)
         return exc
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """From the frames' 12-byte headers."""
+        return self._decoder.whole_frames(data, start, most)
+
     def _unfinished_input(self) -> tuple[int, str]:
         where = self._decoder.partial_stream()
         return self._decoder.pending, "frame" if where is None else f"frame on stream {where}"

@@ -6,6 +6,10 @@ to its :class:`FrameBuffer`. On the next read, :meth:`FrameBuffer.complete` fini
 one frame by copying just the bytes it still needs, and the decoder goes on parsing in
 place after them. So a decoder holds at most one incomplete frame, and only a frame that
 straddles two reads is ever copied.
+
+:meth:`FrameBuffer.walk` tells where whole frames end without decoding them: a driver that
+processes a read a part at a time (input slicing, :mod:`polymux.session.slicing`) cuts it
+at frame ends, so no frame is split (and copied) by the cut.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from polymux._types import BytesLike
+from polymux.exceptions import ProtocolError
 
 
 __all__ = ["INCOMPLETE", "FrameBuffer", "Incomplete"]
@@ -101,3 +106,39 @@ class FrameBuffer:
         held.clear()
         self._need = 0
         return frame, used
+
+    def walk(self, data: BytesLike, start: int, most: int, frame_size: Callable[[bytes], int]) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` end, read from their
+        headers alone (``frame_size`` as for :meth:`resume`).
+
+        ``data`` from ``start`` is what follows the bytes fed so far: while the start of a
+        frame is held, its rest comes first (it counts as one of the ``most``; ``start`` is
+        returned while its size is not known yet). A frame that runs past the end of
+        ``data`` (or whose header does) ends the walk at ``len(data)``: that is all there is
+        of it. A header ``frame_size`` refuses ends it where that frame starts (decoding
+        the bytes reports the error).
+        """
+        end = len(data)
+        pos = start
+        if self.held:
+            if not self._need:
+                return start
+            pos += self._need - len(self.held)
+            most -= 1
+            if pos >= end:
+                return end
+        probe = self._probe
+        for _ in range(most):
+            if pos >= end:
+                break
+            try:
+                size = frame_size(bytes(data[pos : pos + probe]))
+            except Incomplete as incomplete:
+                incomplete.__traceback__ = None  # shared: see INCOMPLETE
+                return end
+            except ProtocolError:
+                break
+            if pos + size >= end:
+                return end
+            pos += size
+        return pos

@@ -162,6 +162,11 @@ class Decoder:
         header_len, body_len, _stream_id, _flag = self._header(head, 0, len(head))
         return header_len + body_len
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` end, from their headers
+        (``FrameBuffer.walk``); ``start`` where it cannot tell."""
+        return self._buffer.walk(data, start, most, self._frame_size)
+
     def _whole_frame(self, frame: bytes) -> Frame:
         header_len, _body_len, stream_id, flag = self._header(frame, 0, len(frame))
         return Frame(stream_id, flag, memoryview(frame)[header_len:])

@@ -457,6 +457,14 @@ class Decoder:
     def _frame_size(self, head: bytes) -> int:
         return self._frame_length(memoryview(head), 0, len(head))
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` end, from their headers
+        (``FrameBuffer.walk``); ``start`` where it cannot tell,
+        and until the handshake (not a frame) is in."""
+        if self._need_handshake:
+            return start
+        return self._buffer.walk(data, start, most, self._frame_size)
+
     # The methods below look at one frame starting at ``pos``.
 
     def _frame_length(self, buf: memoryview, pos: int, end: int) -> int:

@@ -232,6 +232,11 @@ class LengthPrefixDecoder:
         self._check(size)
         return LENGTH_PREFIX + int(size)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` messages of ``data`` from ``start`` end, from their length
+        prefixes (``FrameBuffer.walk``); ``start`` where it cannot tell."""
+        return self._buffer.walk(data, start, most, self._message_size)
+
     def feed(self, data: BytesLike) -> list[BytesLike]:
         """Return the whole messages completed by ``data``."""
         buffer = self._buffer

@@ -185,6 +185,11 @@ class Decoder:
             raise INCOMPLETE
         return HEADER_SIZE + self._body_length(head, 0)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` end, from their headers
+        (``FrameBuffer.walk``); ``start`` where it cannot tell."""
+        return self._buffer.walk(data, start, most, self._frame_size)
+
     def _body_length(self, buf: BytesLike, pos: int) -> int:
         """Validate the header at ``pos``; return how many body bytes follow it."""
         version, cmd, length, stream_id = HEADER.unpack_from(buf, pos)

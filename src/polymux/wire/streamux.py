@@ -369,6 +369,16 @@ class Decoder:
             raise INCOMPLETE
         return size + (self._check(int.from_bytes(head[:size], "little")) >> 2 & self._length_mask)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` chunks of ``data`` from ``start`` end, from their headers
+        (``FrameBuffer.walk``); ``start`` where it cannot tell.
+        With ``stream_bodies``, the rest of a body being streamed comes first (it counts as
+        one chunk: its pieces cost per piece, not per byte)."""
+        if self._current is not None:
+            start = min(start + self._left, len(data))
+            most -= 1
+        return self._buffer.walk(data, start, most, self._chunk_size)
+
     def _check(self, value: int) -> int:
         """Raise if a header sets bits beyond the negotiated widths; return it."""
         if value >= self._limit:

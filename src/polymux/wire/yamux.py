@@ -151,6 +151,11 @@ class Decoder:
             raise INCOMPLETE
         return 12 + self._data_length(head, 0)
 
+    def whole_frames(self, data: BytesLike, start: int, most: int) -> int:
+        """Where the first ``most`` frames of ``data`` from ``start`` end, from their headers
+        (``FrameBuffer.walk``); ``start`` where it cannot tell."""
+        return self._buffer.walk(data, start, most, self._frame_size)
+
     def _data_length(self, buf: bytes, pos: int) -> int:
         """Validate the header at ``pos``; return how many body bytes follow it."""
         version, type_, _flags, stream_id, length = HEADER.unpack_from(buf, pos)
