@@ -38,6 +38,7 @@ __all__ = [
     "Address",
     "NoSession",
     "add_address_options",
+    "add_keepalive_options",
     "add_session_options",
     "connect",
     "conversation_options",
@@ -173,6 +174,24 @@ def seconds(text: str) -> float:
     if value is None:
         raise argparse.ArgumentTypeError(f"must be a number of seconds: {text!r}")
     return value
+
+
+def add_keepalive_options(group: argparse._ArgumentGroup) -> None:
+    """``--keepalive-interval`` and ``--keepalive-timeout``, as every long-lived command
+    (``serve``, ``bridge``) takes them; unset, the session's defaults hold."""
+    group.add_argument(
+        "--keepalive-interval",
+        type=seconds_or_off,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds between keepalive pings on formats with pings, or off (default 15)",
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="seconds a ping may go unanswered before the session fails (default 10)",
+    )
 
 
 def format_bytes(n: float) -> str:

@@ -39,6 +39,7 @@ from polymux.apps.common import (
     MIN_SESSION_MEMORY,
     MIN_WINDOW,
     MIN_WRITE_BUFFER,
+    add_keepalive_options,
     format_bytes,
     run as run_loop,
     seconds,
@@ -139,19 +140,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="seconds a session with no channels may stay silent before it is closed, or off (default 300)",
     )
-    limits.add_argument(
-        "--keepalive-interval",
-        type=seconds_or_off,
-        default=argparse.SUPPRESS,
-        metavar="SECONDS",
-        help="seconds between keepalive pings on formats with pings, or off (default 15)",
-    )
-    limits.add_argument(
-        "--keepalive-timeout",
-        type=seconds,
-        metavar="SECONDS",
-        help="seconds a ping may go unanswered before the session fails (default 10)",
-    )
+    add_keepalive_options(limits)
     parser.set_defaults(func=run, parser=parser)
 
 

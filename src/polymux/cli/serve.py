@@ -28,6 +28,7 @@ from polymux.apps.common import (
     MIN_SESSION_MEMORY,
     Address,
     add_address_options,
+    add_keepalive_options,
     add_session_options,
     diagnosing_capture,
     format_bytes,
@@ -104,19 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds a session with no channels may go without a frame before it is closed, "
         "or off (default 300)",
     )
-    limits.add_argument(
-        "--keepalive-interval",
-        type=seconds_or_off,
-        default=argparse.SUPPRESS,
-        metavar="SECONDS",
-        help="seconds between keepalive pings on formats with pings, or off (default 15)",
-    )
-    limits.add_argument(
-        "--keepalive-timeout",
-        type=seconds,
-        metavar="SECONDS",
-        help="seconds a ping may go unanswered before the session fails (default 10)",
-    )
+    add_keepalive_options(limits)
     parser.set_defaults(func=run, parser=parser)
 
 
