@@ -289,3 +289,30 @@ def test_records_mode_by_hand_and_bad_options(tmp_path: Path) -> None:
     for bad in ({"mode": "bytes"}, {"convert": "never"}, {"payload_prefix": -1}, {"rotate_bytes": 0}):
         with pytest.raises(ValueError, match="CaptureRecorder"):
             CaptureRecorder(tmp_path, **bad)
+
+
+def test_records_are_written_in_row_groups_and_at_flush(tmp_path: Path) -> None:
+    """The writer collects RECORD_BATCH records for a row group (one per handed-over batch
+    was 128 records of 64 KiB frames, and its write a fifth of the sender's time);
+    :meth:`CaptureRecorder.flush` writes what it holds."""
+    from polymux.tracing.capture import RECORD_BATCH
+    from polymux.wire import yamux
+
+    frame = yamux.encode_header(0, 0, 1, 4) + b"data"
+    frames = RECORD_BATCH + 100
+    with CaptureRecorder(tmp_path, mode="records", batch_bytes=64 * len(frame), payload_prefix=0) as recorder:
+        sink = recorder({"format": "yamux", "role": "client", "local": "", "peer": ""})
+        sink.sent([yamux.encode_header(1, 1, 1, 0)])  # opens stream 1
+        for _ in range(frames):
+            sink.sent([frame])
+        recorder.flush()  # the records held: a row group of their own now
+        sink.sent([frame])
+        sink.close()
+    (path,) = recorder.paths
+    got = read_frames(path)
+    assert len(got.records) == frames + 2
+    groups = pq.ParquetFile(path).metadata
+    sizes = [groups.row_group(i).num_rows for i in range(groups.num_row_groups)]
+    # Written once RECORD_BATCH are held (a handed-over batch may go past it), the rest at
+    # the flush, the last at the end.
+    assert len(sizes) == 3 and RECORD_BATCH <= sizes[0] <= RECORD_BATCH + 64 and sizes[2] == 1
