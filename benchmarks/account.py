@@ -236,9 +236,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SIZE",
         help="the sender's send_frame (default: polymux's)",
     )
+    p.add_argument(
+        "--batch",
+        type=size_type(1024),
+        default=None,
+        metavar="SIZE",
+        help="the sender's batch_bytes (default: polymux's)",
+    )
     p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the two processes")
     args = p.parse_args(argv)
     args.options = {} if args.send_frame is None else {"send_frame": args.send_frame}
+    if args.batch is not None:
+        args.options["batch_bytes"] = args.batch
     unknown = [f for f in args.formats.split(",") if f and f not in polymux.PROTOCOLS]
     if unknown:
         p.error(f"unknown formats: {', '.join(unknown)} (known: {', '.join(polymux.PROTOCOLS)})")
