@@ -722,10 +722,9 @@ class _SessionFiles:
         if self.failed:
             return
         try:
-            if self.decoder is not None:
+            if self.decoder is not None:  # written by _close_files with the rest
                 self.pending += self.decoder.finish()
                 self.pending_payloads += self.decoder.take_payloads()
-                self.write_pending()
             if self.recorder.mode == "records":
                 if self.frames_writer is None:
                     self._open_frames()  # a session without a frame still gets its file
