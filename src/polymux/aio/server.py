@@ -167,10 +167,15 @@ class Server:
 
     # -- counting connections (at accept) ------------------------------------------------------
 
+    def _full(self) -> bool:
+        """At ``max_connections``, and no connection that never spoke to close for room."""
+        limit = self.max_connections
+        return limit is not None and self.connections >= limit and not self._make_room()
+
     def _admit(self) -> bool:
         """A connection was just accepted: may it be held? (It then counts as pending.)"""
         limit = self.max_connections
-        if limit is not None and self.connections >= limit and not self._make_room():
+        if self._full():
             self._refused += 1
             if self._refused & (self._refused - 1) == 0:  # 1st, 2nd, 4th, 8th ...: not a log flood
                 logger.warning(
@@ -218,12 +223,10 @@ class Server:
 
     def _connected(self, held: _Held) -> None:
         """``held``'s connection is made (its TLS handshake, if any, is done)."""
-        if self._pending.pop(held, None) is None:
-            # Counted out as a handshake given up, yet it completed: count it again if it fits.
-            limit = self.max_connections
-            if limit is not None and self.connections >= limit and not self._make_room():
-                held.abort()
-                return
+        # Counted out as a handshake given up, yet it completed: count it again if it fits.
+        if self._pending.pop(held, None) is None and self._full():
+            held.abort()
+            return
         self._live.add(held)
         if held.peer_silent:
             self._quiet[held] = None

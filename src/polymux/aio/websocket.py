@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
@@ -111,6 +112,20 @@ _UNSENT = 2
 """More than UNSENT_LIMIT bytes wait for a peer that does not read."""
 
 
+@functools.cache
+def _ws() -> Any:
+    """websockets' names that :class:`_Guard` uses on every frame and every read, imported
+    once (an import statement there cost about a microsecond a call; websockets is an
+    optional extra, so not at module level)."""
+    from websockets.asyncio.messages import MAX_FRAGMENTS
+    from websockets.frames import CloseCode, Frame, Opcode
+    from websockets.protocol import State
+
+    return types.SimpleNamespace(
+        MAX_FRAGMENTS=MAX_FRAGMENTS, CloseCode=CloseCode, Frame=Frame, Opcode=Opcode, State=State
+    )
+
+
 class _Guard:
     """The WebSocket-level bounds of one websockets connection (client or server side),
     called from the connection subclasses of :func:`_client_class` and :func:`_server_class`."""
@@ -151,23 +166,21 @@ class _Guard:
         binary messages only), or a message in more than websockets' ``MAX_FRAGMENTS``
         frames, ends the connection at once (the library would find them in ``recv()`` and
         then wait close_timeout for the peer). Returns True when the event is dealt with."""
-        from websockets.asyncio.messages import MAX_FRAGMENTS
-        from websockets.frames import CloseCode, Frame, Opcode
-
-        if not isinstance(event, Frame):
+        ws = _ws()
+        if not isinstance(event, ws.Frame):
             return False
         opcode = event.opcode
-        if opcode is Opcode.CONT:
+        if opcode is ws.Opcode.CONT:
             self.fragments += 1
-            if self.fragments > MAX_FRAGMENTS:
-                self.refuse(CloseCode.MESSAGE_TOO_BIG, f"more than {MAX_FRAGMENTS} fragments")
+            if self.fragments > ws.MAX_FRAGMENTS:
+                self.refuse(ws.CloseCode.MESSAGE_TOO_BIG, f"more than {ws.MAX_FRAGMENTS} fragments")
                 return True
-        elif opcode is Opcode.BINARY:
+        elif opcode is ws.Opcode.BINARY:
             self.fragments = 1
-        elif opcode is Opcode.TEXT:
+        elif opcode is ws.Opcode.TEXT:
             if self.on_text is not None:
                 self.on_text()
-            self.refuse(CloseCode.UNSUPPORTED_DATA, "polymux takes binary messages only")
+            self.refuse(ws.CloseCode.UNSUPPORTED_DATA, "polymux takes binary messages only")
             return True
         return False
 
@@ -194,14 +207,12 @@ class _Guard:
     def received(self) -> None:
         """After the library took received bytes: end the connection at once when the peer
         broke the WebSocket protocol, or when the closing handshake is over on our side."""
-        from websockets.protocol import State
-
         conn = self.conn
         transport = conn.transport
         if transport.is_closing():
             return
         protocol = conn.protocol
-        if protocol.state is State.CLOSING:
+        if protocol.state is _ws().State.CLOSING:
             if protocol.parser_exc is not None or (
                 protocol.close_rcvd is not None and protocol.close_sent is not None
             ):
@@ -225,37 +236,45 @@ class _Guard:
             self.timer = None
 
 
+class _Guarded:
+    """The overrides that give a websockets connection class :class:`_Guard`'s bounds
+    (mixed in before the library's class: each runs the library's method, then the
+    guard's)."""
+
+    guard: _Guard
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = _Guard(self)  # type: ignore[arg-type]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self.guard.made()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        self.guard.received()
+
+    def process_event(self, event: Event) -> None:
+        if not self.guard.event(event):
+            super().process_event(event)  # type: ignore[misc]
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        self.guard.writable()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # type: ignore[misc]
+        self.guard.lost()
+
+
 @functools.cache
 def _client_class() -> type[ClientConnection]:
     """websockets' client connection, with :class:`_Guard`'s bounds."""
     from websockets.asyncio.client import ClientConnection
 
-    class GuardedClientConnection(ClientConnection):
+    class GuardedClientConnection(_Guarded, ClientConnection):
         """A client WebSocket connection with polymux's WebSocket-level bounds."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.guard = _Guard(self)
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            self.guard.made()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self.guard.received()
-
-        def process_event(self, event: Event) -> None:
-            if not self.guard.event(event):
-                super().process_event(event)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            self.guard.writable()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            super().connection_lost(exc)
-            self.guard.lost()
 
     return GuardedClientConnection
 
@@ -266,13 +285,12 @@ def _server_class(server: Server) -> type[ServerConnection]:
     a whole frame)."""
     from websockets.asyncio.server import ServerConnection
 
-    class AcceptedConnection(ServerConnection):
+    class AcceptedConnection(_Guarded, ServerConnection):
         """A server WebSocket connection with polymux's WebSocket-level bounds, counted
         against ``max_connections`` from its accept."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.guard = _Guard(self)
             self.mux: MuxProtocol | None = None
             self.admitted = server._admit()
             if self.admitted:
@@ -293,28 +311,14 @@ def _server_class(server: Server) -> type[ServerConnection]:
             self.transport.abort()
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            self.guard.made()
+            super().connection_made(transport)  # (the guard's made() first)
             if not self.admitted:
                 cast(asyncio.Transport, transport).abort()  # beyond max_connections
                 return
             server._connected(self)
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self.guard.received()
-
-        def process_event(self, event: Event) -> None:
-            if not self.guard.event(event):
-                super().process_event(event)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            self.guard.writable()
-
         def connection_lost(self, exc: Exception | None) -> None:
-            super().connection_lost(exc)
-            self.guard.lost()
+            super().connection_lost(exc)  # (the guard's lost() first)
             server._release(self)
 
     return AcceptedConnection

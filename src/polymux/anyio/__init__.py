@@ -240,8 +240,14 @@ class AnyioChannel(ByteStream):
             self._core.reader_waiting(self._handle)  # credit what is held (nothing): the peer may send
             self._session._process()
             await self._readable.wait()
-        data = bytes(self._buffer[:max_bytes])
-        del self._buffer[:max_bytes]
+        buffer = self._buffer
+        if len(buffer) <= max_bytes:  # all of it: one copy, no slice
+            data = bytes(buffer)
+            buffer.clear()
+        else:
+            with memoryview(buffer) as view:
+                data = bytes(view[:max_bytes])
+            del buffer[:max_bytes]
         self._core.consumed(self._handle, len(data), _clock())
         self._session._process()
         return data

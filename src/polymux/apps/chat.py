@@ -112,12 +112,13 @@ class History:
 
     def add(self, room: str, record: dict[str, Any]) -> None:
         """Keep ``record`` as the newest of ``room``."""
-        if not self.per_room or self._weight(record) > self.max_bytes:
+        weight = self._weight(record)
+        if not self.per_room or weight > self.max_bytes:
             return
         kept = self._rooms.pop(room, None) or deque()
         self._rooms[room] = kept  # the most recently active room goes last
         kept.append(record)
-        self.bytes += self._weight(record)
+        self.bytes += weight
         if len(kept) > self.per_room:
             self.bytes -= self._weight(kept.popleft())
         while self.bytes > self.max_bytes:

@@ -124,7 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=size_type(MIN_SESSION_MEMORY),
         metavar="SIZE",
         help="budget of unread + unsent bytes per bridged pair (the accepted session and its session on "
-        "CONNECT, half each), e.g. 32MiB (default 32MiB; at least 64KiB)",
+        "CONNECT, a third each: a session holds up to 1.5 x its share), e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
     limits.add_argument(
         "--handshake-timeout",

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from polymux.formats.records import FRAME_FIELDS
+
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -29,23 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EXTRA_FIELDS", "FRAME_FIELDS", "FRAME_TABLE_COLUMNS", "frames_struct"]
 
-FRAME_FIELDS: list[tuple[str, str]] = [
-    ("session", "str"),
-    ("direction", "str"),
-    ("time_ns", "int64"),
-    ("format", "str"),
-    ("offset", "int64"),
-    ("channel", "str"),
-    ("frame_type", "str"),
-    ("length", "int64"),
-    ("flags", "int64"),
-    ("credit", "int64 | None"),
-    ("credit_dir", "str"),
-    ("ping_id", "int64 | None"),
-    ("error", "str | None"),
-    ("channel_name", "str | None"),
-]
-"""The contract's frame record fields (name, type), in order."""
+# FRAME_FIELDS, the contract's frame record fields (name, type) in order, is the one the
+# formats' walks write (polymux.formats.records), re-exported here.
 
 EXTRA_FIELDS: list[tuple[str, str]] = [
     ("seq", "int64"),
