@@ -12,7 +12,7 @@ from polymux.exceptions import ChannelRejected, LimitExceeded, SessionClosed
 from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import FULL_READ, SLICE, SLICE_FRAMES, InputSlicer, dense
+from polymux.session.slicing import FULL_READ, SLICE, SLICE_FRAMES, SLICED_FOR, InputSlicer, dense
 from polymux.wire import mplex
 
 from .corekit import open_to, pair, pump
@@ -192,27 +192,47 @@ def test_slices_end_where_frames_end() -> None:
     engine = make_engine("mplex")
     big = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, bytes(64 * 1024)))
     read = (big * 5)[:FULL_READ]  # four whole frames and the start of a fifth
-    slicer = InputSlicer()
+    slicer = InputSlicer(engine.whole_frames)
     slicer.hold(read)
-    assert slicer.next_slice(engine.whole_frames) is read and slicer.pending is None
+    assert slicer.next_slice() is read and slicer.pending is None
     tiny = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, b"x"))
     read = tiny * (FULL_READ // len(tiny))
     slicer.hold(read)
     sizes = []
-    while (piece := slicer.next_slice(engine.whole_frames)) is not None:
+    while (piece := slicer.next_slice()) is not None:
         sizes.append(len(piece))
     assert sizes == [SLICE] * (len(read) // SLICE) + ([len(read) % SLICE] if len(read) % SLICE else [])
     # Medium frames: SLICE_FRAMES of them a slice.
     medium = mplex.encode_frame(mplex.Frame(1, mplex.Flag.MESSAGE_INITIATOR, bytes(6000)))
     slicer.hold(medium * 40)
-    assert len(slicer.next_slice(engine.whole_frames) or b"") == SLICE_FRAMES * len(medium)
+    assert len(slicer.next_slice() or b"") == SLICE_FRAMES * len(medium)
     slicer.pending = None
     # A read that starts inside a frame: its rest first (the engine holds its start).
     engine.receive_data(big[:100])
     rest = big[100:] + tiny * 20_000
     slicer.hold(rest)
-    first = slicer.next_slice(engine.whole_frames)
+    first = slicer.next_slice()
     assert first is not None and len(first) == len(big) - 100 + (SLICE_FRAMES - 1) * len(tiny)
+
+
+def test_the_slicing_policy_both_drivers_apply() -> None:
+    """A read goes in slices while sliced mode is on and it is larger than a slice, never
+    for whole messages; dense work starts sliced mode for SLICED_FOR from its start."""
+    slicer = InputSlicer()
+    big = bytes(2 * SLICE)
+    assert not slicer.holds(big, 0.0)  # sliced mode is off
+    slicer.worked(10.0, 0.001, 12)  # cheap
+    assert slicer.until == 0.0
+    slicer.worked(10.0, 0.0, 0)  # nothing
+    assert slicer.until == 0.0
+    slicer.worked(10.0, 0.006, FULL_READ)  # dense
+    assert slicer.until == 10.0 + SLICED_FOR
+    assert not slicer.holds(bytes(SLICE), 10.5)  # a slice or less is read whole
+    assert not slicer.holds(big, 10.0 + SLICED_FOR)  # lapsed
+    assert slicer.holds(big, 10.5) and slicer.pending is not None
+    messages = InputSlicer(never=True)
+    messages.worked(10.0, 0.006, FULL_READ)
+    assert not messages.holds(big, 10.5)
 
 
 def test_only_dense_input_is_sliced() -> None:

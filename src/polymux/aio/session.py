@@ -27,7 +27,7 @@ from polymux.exceptions import SessionClosed
 from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
+from polymux.session.slicing import TURN, InputSlicer
 
 
 __all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
@@ -133,8 +133,8 @@ class MuxProtocol(asyncio.Protocol):
         self._timer_at: float | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._eof_written = False
-        self._slicer = InputSlicer()
-        self._whole_messages = self.engine.message_mode  # one message a call (WebSocket): never sliced
+        # (one message a call over WebSocket: never sliced)
+        self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
         self._slice_handle: asyncio.Handle | None = None
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
@@ -189,14 +189,12 @@ class MuxProtocol(asyncio.Protocol):
             self._capture.received(data)
         start = time.perf_counter()
         slicer = self._slicer
-        if len(data) > SLICE and start < slicer.until and not self._whole_messages:
-            slicer.hold(data)
+        if slicer.holds(data, start):
             self._feed_slice()
             return
         core.receive_data(data, _clock())
         self.process()
-        if dense(time.perf_counter() - start, len(data)):
-            slicer.until = start + SLICED_FOR
+        slicer.worked(start, time.perf_counter() - start, len(data))
         if self._drain_waiters:
             self._wake()
 
@@ -212,17 +210,15 @@ class MuxProtocol(asyncio.Protocol):
         start = time.perf_counter()
         elapsed = 0.0
         size = 0
-        whole_frames = self.engine.whole_frames
         while core.reading and not core.failed and elapsed < TURN:
-            piece = slicer.next_slice(whole_frames)
+            piece = slicer.next_slice()
             if piece is None:
                 break
             core.receive_data(piece, _clock())
             size += len(piece)
             self.process()  # (schedules the next turn's slice while some are left)
             elapsed = time.perf_counter() - start
-        if size and dense(elapsed, size):
-            slicer.until = start + SLICED_FOR
+        slicer.worked(start, elapsed, size)
         if self._drain_waiters:
             self._wake()
 

@@ -41,7 +41,7 @@ from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, 
 from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import SLICE, SLICED_FOR, TURN, InputSlicer, dense
+from polymux.session.slicing import TURN, InputSlicer
 
 
 logger = logging.getLogger("polymux")
@@ -410,7 +410,7 @@ class AnyioSession:
         self._control = anyio.Event()  # set when a control message may wait
         self._capture: CaptureSink | None = None
         self._in_flight = 0  # bytes of the batch the stream is sending
-        self._slicer = InputSlicer()
+        self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
@@ -817,33 +817,28 @@ class AnyioSession:
                     self._capture.received(data)
                 start = time.perf_counter()
                 slicer = self._slicer
-                if len(data) > SLICE and start < slicer.until:
-                    slicer.hold(data)
-                    if await self._feed_sliced():
-                        slicer.until = time.perf_counter() + SLICED_FOR
+                if slicer.holds(data, start):
+                    await self._feed_sliced()
                 else:
                     core.receive_data(data, _clock())
                     self._process()
-                    if dense(time.perf_counter() - start, len(data)):
-                        slicer.until = start + SLICED_FOR
+                    slicer.worked(start, time.perf_counter() - start, len(data))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
 
-    async def _feed_sliced(self) -> bool:
+    async def _feed_sliced(self) -> None:
         """A read held back in slices (:mod:`polymux.session.slicing`), letting other tasks
-        run whenever ``TURN`` of work has passed, each slice once the core reads again.
-        Returns whether a turn's input was dense (sliced mode goes on)."""
+        run whenever ``TURN`` of work has passed, each slice once the core reads again."""
         core = self.core
         slicer = self._slicer
+        turn = time.perf_counter()  # when this turn's work began
         work = 0.0  # seconds of work since other tasks last ran, on ``size`` bytes
         size = 0
-        was_dense = False
-        whole_frames = self.engine.whole_frames
-        while (piece := slicer.next_slice(whole_frames)) is not None:
+        while (piece := slicer.next_slice()) is not None:
             if work > TURN:
-                was_dense = was_dense or dense(work, size)
+                slicer.worked(turn, work, size)
                 await anyio.lowlevel.checkpoint()
-                work, size = 0.0, 0
+                turn, work, size = time.perf_counter(), 0.0, 0
             await self._can_read.wait()
             if self._done.is_set():
                 slicer.pending = None
@@ -853,7 +848,7 @@ class AnyioSession:
             self._process()
             work += time.perf_counter() - start
             size += len(piece)
-        return was_dense or (size > 0 and dense(work, size))
+        slicer.worked(turn, work, size)
 
     def _end(self, exc: BaseException | None) -> None:
         if self._done.is_set():

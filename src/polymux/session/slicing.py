@@ -59,30 +59,57 @@ def dense(elapsed: float, size: int) -> bool:
 
 
 class InputSlicer:
-    """One session's sliced mode, and the rest of a read held back."""
+    """One session's sliced mode, and the rest of a read held back: the policy both drivers
+    apply (:meth:`holds` on each read, :meth:`worked` after each read or turn of slices);
+    they keep only the waiting (a loop turn, an anyio checkpoint).
 
-    __slots__ = ("_read", "pending", "until")
+    Args:
+        whole_frames: the engine's ``Engine.whole_frames``, which slices are cut by (``None``:
+            by bytes alone).
+        never: input that must not be cut (a message transport: one whole message a read).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_read", "_whole_frames", "never", "pending", "until")
+
+    def __init__(
+        self, whole_frames: Callable[[memoryview, int, int], int] | None = None, *, never: bool = False
+    ) -> None:
         self.until = 0.0
         """The ``perf_counter`` time until which input goes in slices."""
         self.pending: memoryview | None = None
         """The rest of a read, in sliced mode."""
+        self.never = never
+        """Never slice (whole messages)."""
+        self._whole_frames = whole_frames
         self._read = b""  # the read ``pending`` is the rest of
+
+    def holds(self, data: bytes, now: float) -> bool:
+        """Whether ``data``, a read at ``now`` (``perf_counter``), goes in slices; if so it is
+        held for :meth:`next_slice`."""
+        if len(data) > SLICE and now < self.until and not self.never:
+            self.hold(data)
+            return True
+        return False
+
+    def worked(self, start: float, elapsed: float, size: int) -> None:
+        """``size`` bytes took ``elapsed`` seconds of work from ``start``: dense input
+        (:func:`dense`) starts or renews sliced mode."""
+        if size and dense(elapsed, size):
+            self.until = start + SLICED_FOR
 
     def hold(self, data: bytes) -> None:
         """Keep ``data`` (a read in sliced mode) for :meth:`next_slice`."""
         self._read = data
         self.pending = memoryview(data)
 
-    def next_slice(self, whole_frames: Callable[[memoryview, int, int], int] | None = None) -> bytes | None:
+    def next_slice(self) -> bytes | None:
         """The next slice of what is held, or None: :data:`SLICE` bytes, or more to end
-        where the first :data:`SLICE_FRAMES` frames end by ``whole_frames(data, start,
-        most)`` (the engine's ``Engine.whole_frames``)."""
+        where the first :data:`SLICE_FRAMES` frames end (by ``whole_frames``)."""
         pending = self.pending
         if pending is None:
             return None
         cut = SLICE
+        whole_frames = self._whole_frames
         if whole_frames is not None:
             cut = max(cut, whole_frames(pending, 0, SLICE_FRAMES))
         if len(pending) > cut:
