@@ -289,8 +289,8 @@ class FrameDecoder:
                         d.frame = None
                         kept = bytes(d.kept)
                         record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
-                        if record is None:
-                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                        if record is None:  # declined, nothing changed: the codec's records
+                            self._complete_slow(d, time_ns, size, payload_len, data, fields, kept)
                             if d.stopped:
                                 return
                             continue
@@ -345,8 +345,8 @@ class FrameDecoder:
                         d.fed += size
                         kept = bytes(body[:prefix] if data else body)
                         record = fast_record(name, fields, data, payload_len, kept, d.boundary, time_ns)
-                        if record is None:
-                            self._complete(d, time_ns, size, payload_len, data, fields, kept)
+                        if record is None:  # declined, nothing changed: the codec's records
+                            self._complete_slow(d, time_ns, size, payload_len, data, fields, kept)
                             if d.stopped:
                                 return
                             continue
@@ -406,15 +406,30 @@ class FrameDecoder:
     ) -> None:
         """A walked frame is whole (``kept``: its payload, or a data frame's first bytes):
         its records."""
+        record = self._walker.fast_record(d.name, fields, data, payload_len, kept, d.boundary, time_ns)
+        if record is None:
+            self._complete_slow(d, time_ns, size, payload_len, data, fields, kept)
+            return
+        d.boundary += size
+        self._out.append(record)
+        if self._payloads is not None:
+            self._attach(len(self._out) - 1, kept[: self._prefix])
+
+    def _complete_slow(
+        self,
+        d: _Direction,
+        time_ns: int,
+        size: int,
+        payload_len: int,
+        data: bool,
+        fields: tuple[Any, ...],
+        kept: bytes,
+    ) -> None:
+        """:meth:`_complete` for a frame ``fast_record`` declined (it changed nothing):
+        its records from the codec's item."""
         offset = d.boundary
         walk = self._walker
-        record = walk.fast_record(d.name, fields, data, payload_len, kept, offset, time_ns)
         d.boundary = offset + size
-        if record is not None:
-            self._out.append(record)
-            if self._payloads is not None:
-                self._attach(len(self._out) - 1, kept[: self._prefix])
-            return
         item = walk.fast_item(fields, Elided(kept, payload_len) if data and payload_len else kept)
         out = self._out
         try:
@@ -438,26 +453,21 @@ class FrameDecoder:
         sizes: list[int],
         offset: int,
         time_ns: int,
-        payloads: list[bytes | None] | None = None,
     ) -> int | None:
         """Records of ``items`` (of ``sizes`` bytes), the first at ``offset``. Returns the
         offset past the last one, or None if one broke the protocol (a violation record
         at its offset, and the direction stops). With ``payload_prefix``, each item's
-        payload prefix (``payloads``, else taken from the item) goes with its records."""
+        payload prefix goes with its records."""
         out = self._out
         records = self._walker.records
         name = d.name
         keep = self._payloads
         try:
-            for i, (item, n) in enumerate(zip(items, sizes, strict=True)):
+            for item, n in zip(items, sizes, strict=True):
                 start = len(out)
                 out.extend(records(name, item, offset, time_ns))
                 if keep is not None and len(out) > start:
-                    if payloads is not None:
-                        shown = payloads[i]
-                    else:
-                        shown = bytes(memoryview(self._walker.payload(item))[: self._prefix])
-                    self._attach(start, shown)
+                    self._attach(start, bytes(memoryview(self._walker.payload(item))[: self._prefix]))
                 offset += n  # past this frame only once its records are in
         except Violation as exc:
             out.extend(exc.records)
