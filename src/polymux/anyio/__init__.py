@@ -403,6 +403,7 @@ class AnyioSession:
         self._can_read = anyio.Event()
         self._can_read.set()
         self._deadline = anyio.Event()  # the core's next deadline may have moved
+        self._timer_at: float | None = None  # the deadline _timers waits for (None: none)
         self._done = anyio.Event()
         self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
         self._pairs: dict[int, tuple[anyio.Event, list[AnyioChannel | Exception]]] = {}
@@ -648,7 +649,13 @@ class AnyioSession:
             self._can_read = anyio.Event()
         if core.has_output:
             self._output.set()
-        self._deadline.set()
+        # Wake the timer task only for a deadline earlier than the one it waits for (once per
+        # read, receive and send batch it woke for nothing): a later one it finds when it
+        # wakes, and a deadline that went away costs it a wake-up for nothing.
+        when = core.next_deadline()
+        at = self._timer_at
+        if when is not None and (at is None or when < at):
+            self._deadline.set()
 
     def _queue_incoming(self, incoming: Incoming, *handles: int) -> None:
         try:
@@ -784,7 +791,7 @@ class AnyioSession:
         core = self.core
         while not self._done.is_set():
             self._deadline = anyio.Event()
-            when = core.next_deadline()
+            when = self._timer_at = core.next_deadline()
             if when is None:
                 await self._deadline.wait()
                 continue
