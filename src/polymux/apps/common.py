@@ -38,12 +38,13 @@ __all__ = [
     "Address",
     "NoSession",
     "add_address_options",
-    "add_keepalive_options",
+    "add_liveness_options",
     "add_session_options",
     "connect",
     "conversation_options",
     "diagnosing_capture",
     "format_bytes",
+    "liveness_options",
     "parse_address",
     "parse_size",
     "peer_mismatch",
@@ -176,9 +177,15 @@ def seconds(text: str) -> float:
     return value
 
 
-def add_keepalive_options(group: argparse._ArgumentGroup) -> None:
-    """``--keepalive-interval`` and ``--keepalive-timeout``, as every long-lived command
-    (``serve``, ``bridge``) takes them; unset, the session's defaults hold."""
+def add_liveness_options(group: argparse._ArgumentGroup, *, handshake_help: str, idle_help: str) -> None:
+    """``--handshake-timeout``, ``--idle-timeout``, ``--keepalive-interval`` and
+    ``--keepalive-timeout``, as every long-lived command (``serve``, ``bridge``) takes them,
+    with the first two's help in the command's words; unset, the session's defaults hold
+    (:func:`liveness_options`)."""
+    group.add_argument("--handshake-timeout", type=seconds, metavar="SECONDS", help=handshake_help)
+    group.add_argument(
+        "--idle-timeout", type=seconds_or_off, default=argparse.SUPPRESS, metavar="SECONDS", help=idle_help
+    )
     group.add_argument(
         "--keepalive-interval",
         type=seconds_or_off,
@@ -192,6 +199,24 @@ def add_keepalive_options(group: argparse._ArgumentGroup) -> None:
         metavar="SECONDS",
         help="seconds a ping may go unanswered before the session fails (default 10)",
     )
+
+
+def liveness_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The SessionConfig fields the options of :func:`add_liveness_options` set."""
+    options = {
+        field: getattr(args, field)
+        for field in ("handshake_timeout", "keepalive_timeout")
+        if getattr(args, field) is not None
+    }
+    # "off" is None, so these two are absent from args unless given (default=SUPPRESS).
+    options.update(
+        {
+            field: getattr(args, field)
+            for field in ("idle_timeout", "keepalive_interval")
+            if hasattr(args, field)
+        }
+    )
+    return options
 
 
 def format_bytes(n: float) -> str:

@@ -39,11 +39,10 @@ from polymux.apps.common import (
     MIN_SESSION_MEMORY,
     MIN_WINDOW,
     MIN_WRITE_BUFFER,
-    add_keepalive_options,
+    add_liveness_options,
     format_bytes,
+    liveness_options,
     run as run_loop,
-    seconds,
-    seconds_or_off,
     serve_until_stopped,
     size_type,
 )
@@ -126,21 +125,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="budget of unread + unsent bytes per bridged pair (the accepted session and its session on "
         "CONNECT, a third each: a session holds up to 1.5 x its share), e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
-    limits.add_argument(
-        "--handshake-timeout",
-        type=seconds,
-        metavar="SECONDS",
-        help="seconds a session may take to connect and complete its handshake, and a LISTEN "
+    add_liveness_options(
+        limits,
+        handshake_help="seconds a session may take to connect and complete its handshake, and a LISTEN "
         "connection to send its first frame (default 10)",
+        idle_help="seconds a session with no channels may stay silent before it is closed, or off (default 300)",
     )
-    limits.add_argument(
-        "--idle-timeout",
-        type=seconds_or_off,
-        default=argparse.SUPPRESS,
-        metavar="SECONDS",
-        help="seconds a session with no channels may stay silent before it is closed, or off (default 300)",
-    )
-    add_keepalive_options(limits)
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -151,16 +141,11 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         ("window", "receive_window"),
         ("write_buffer", "write_buffer_high"),
         ("max_session_memory", "max_session_memory"),
-        ("handshake_timeout", "handshake_timeout"),
-        ("keepalive_timeout", "keepalive_timeout"),
     ):
         value = getattr(args, arg)
         if value is not None:
             options[field] = value
-    # "off" is None, so these two are absent from args unless given (default=SUPPRESS).
-    for field in ("idle_timeout", "keepalive_interval"):
-        if hasattr(args, field):
-            options[field] = getattr(args, field)
+    options.update(liveness_options(args))
     return options
 
 

@@ -28,16 +28,15 @@ from polymux.apps.common import (
     MIN_SESSION_MEMORY,
     Address,
     add_address_options,
-    add_keepalive_options,
+    add_liveness_options,
     add_session_options,
     diagnosing_capture,
     format_bytes,
     listen,
     listening_on,
+    liveness_options,
     parse_address,
     run as run_loop,
-    seconds,
-    seconds_or_off,
     serve_until_stopped,
     session_options,
     size_type,
@@ -90,22 +89,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SIZE",
         help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
-    limits.add_argument(
-        "--handshake-timeout",
-        type=seconds,
-        metavar="SECONDS",
-        help="seconds a new connection may take to send its handshake, or on formats without one "
+    add_liveness_options(
+        limits,
+        handshake_help="seconds a new connection may take to send its handshake, or on formats without one "
         "its first frame; a connection silent that long is closed (default 10)",
-    )
-    limits.add_argument(
-        "--idle-timeout",
-        type=seconds_or_off,
-        default=argparse.SUPPRESS,
-        metavar="SECONDS",
-        help="seconds a session with no channels may go without a frame before it is closed, "
+        idle_help="seconds a session with no channels may go without a frame before it is closed, "
         "or off (default 300)",
     )
-    add_keepalive_options(limits)
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -116,13 +106,7 @@ def run(args: argparse.Namespace) -> int:
         options = session_options(args)
         if args.max_session_memory is not None:
             options["max_session_memory"] = args.max_session_memory
-        for field in ("handshake_timeout", "keepalive_timeout"):
-            if getattr(args, field) is not None:
-                options[field] = getattr(args, field)
-        # "off" is None, so these two are absent from args unless given (default=SUPPRESS).
-        for field in ("idle_timeout", "keepalive_interval"):
-            if hasattr(args, field):
-                options[field] = getattr(args, field)
+        options.update(liveness_options(args))
         polymux.SessionConfig.from_options(**options)
         if args.max_connections <= 0:
             raise ValueError(f"--max-connections must be positive, got {args.max_connections}")
