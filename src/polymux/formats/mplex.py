@@ -210,14 +210,15 @@ def _fits(probe: Probe) -> list[Fit]:
     records = strict if strict is not None else probe.decode(MULTIPLEX)
     if records is None or not starts(records, heads, ("open",), ("data", "end", "reset")):
         return []
-    if not _small_ids(records) or _reopens(heads):
+    decoded = _decoded(heads)
+    if not _small_ids(records) or _reopens(decoded):
         return []
     n = frames(records)
     conf = frame_confidence(n)
     base = f"{n} mplex/multiplex frame{'s' * (n != 1)}, the first a NewStream"
     if strict is None:
         return [Fit("multiplex", conf, f"{base}; a frame longer than mplex's 1 MiB")]
-    says_mplex, says_multiplex = _dialect(heads)
+    says_mplex, says_multiplex = _dialect(decoded)
     if says_mplex and not says_multiplex:
         return [
             Fit("mplex", conf, f"{base}; {says_mplex}"),
@@ -237,17 +238,27 @@ def _fits(probe: Probe) -> list[Fit]:
     ]
 
 
-def _reopens(heads: dict[str, bytes]) -> bool:
+def _decoded(heads: dict[str, bytes]) -> list[list[wire.Frame]]:
+    """Each direction's first bytes as wire frames, decoded once for :func:`_reopens` and
+    :func:`_dialect` (a direction that breaks the wire gives none)."""
+    out = []
+    for head in heads.values():
+        if not head:
+            continue
+        try:
+            out.append(wire.Decoder(MAX_MESSAGE_SIZES["multiplex"], "multiplex").feed(head))
+        except ProtocolError:
+            continue
+    return out
+
+
+def _reopens(decoded: list[list[wire.Frame]]) -> bool:
     """A NewStream for an id its sender already has open: what no mplex or multiplex peer
     sends (their sessions end on it), and what other formats' bytes read as mplex often
     look like (a yamux ping is four NewStreams of stream 0)."""
-    for head in heads.values():
-        try:
-            decoded = wire.Decoder(MAX_MESSAGE_SIZES["multiplex"], "multiplex").feed(head)
-        except ProtocolError:
-            continue
+    for frames_ in decoded:
         opened: set[int] = set()
-        for f in decoded:
+        for f in frames_:
             if f.flag == 0:
                 if f.stream_id in opened:
                     return True
@@ -257,18 +268,12 @@ def _reopens(heads: dict[str, bytes]) -> bool:
     return False
 
 
-def _dialect(heads: dict[str, bytes]) -> tuple[str, str]:
+def _dialect(decoded: list[list[wire.Frame]]) -> tuple[str, str]:
     """Hints in the frames themselves: (what says mplex, what says multiplex), "" for none."""
     names: list[tuple[int, bytes]] = []
     reset_texts = 0
-    for head in heads.values():
-        if not head:
-            continue
-        try:
-            decoded = wire.Decoder(MAX_MESSAGE_SIZES["multiplex"], "multiplex").feed(head)
-        except ProtocolError:
-            continue
-        for f in decoded:
+    for frames_ in decoded:
+        for f in frames_:
             body = bytes(f.body)
             if f.flag == 0:
                 names.append((f.stream_id, body))
