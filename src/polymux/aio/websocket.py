@@ -367,8 +367,7 @@ class _WebSocketTransport(asyncio.Transport):
                 await self._reading.wait()
                 message = await self._ws.recv()
                 if isinstance(message, str):  # a connection without polymux's guard
-                    error = ProtocolError(self._mux.engine.format, "received a text WebSocket message")
-                    self._mux.fail(error)
+                    self._text_received()
                     break
                 self._mux.data_received(message)
         except ConnectionClosedOK:
@@ -475,8 +474,7 @@ class _WebSocketTransport(asyncio.Transport):
         silent must not hold it for close_timeout more)."""
         from websockets.protocol import State
 
-        ws = self._ws
-        protocol = ws.protocol
+        protocol = self._ws.protocol
         if protocol.state is State.OPEN:
             error = self._mux.core.error
             code = 1002 if isinstance(error, ProtocolError) else 1008  # protocol error / policy
@@ -486,9 +484,8 @@ class _WebSocketTransport(asyncio.Transport):
                     protocol.send_binary(message)
                 self._queue.clear()
                 self._queued = 0
-                protocol.fail(code, reason)
-                ws.send_data()
-        guard.end()
+                guard.refuse(code, reason)  # the close frame naming it, and the end
+        guard.end()  # (not open, or refusing failed; a no-op once ended)
 
     def abort(self) -> None:
         self._closing = True
