@@ -4,7 +4,7 @@ sockets at once, any wire format with two-way channels, and a web page.
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --unix /tmp/chat.sock
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --web 127.0.0.1:8000
 
---web HOST:PORT also serves the page of examples/chat/web/ over HTTP and its
+--web HOST:PORT also serves the page of polymux/apps/web/ (inside the package) over HTTP and its
 channels (omnistreams over WebSocket, at /ws) on that port: browsers and terminal
 clients meet in the same rooms, and the page uploads files to --files DIR (default:
 the folder webchat-files of $XDG_DATA_HOME/polymux, i.e. ~/.local/share/polymux/,
@@ -50,12 +50,12 @@ from polymux.apps.common import (
     session_options,
     size,
 )
-from polymux.apps.webchat import WebChat
+from polymux.apps.webchat import WEB_PAGE, WebChat
 from polymux.web import static_files
 
 
-PAGE = Path(__file__).resolve().parent / "web"
-"""The web page's files."""
+PAGE = WEB_PAGE
+"""The web page's files (inside the package: ``polymux.apps.webchat.WEB_PAGE``)."""
 
 
 def default_files() -> Path:

@@ -35,6 +35,7 @@ import pytest
 
 from cli.procs import Procs
 from polymux.apps.chat import MAX_TEXT, ChatClient
+from polymux.apps.webchat import WEB_PAGE
 
 from .cdp import Page
 from .conftest import Browser, WebChatServer, launch_browser
@@ -623,7 +624,7 @@ async def test_dns_rebinding_page_is_refused(tmp_path: Path, webchat: WebChatSer
 def test_the_page_has_no_dependencies() -> None:
     """The page is its own files and polymux's omnistreams.js: no build step, nothing
     fetched from elsewhere."""
-    web = Path(__file__).resolve().parents[2] / "examples" / "chat" / "web"
+    web = WEB_PAGE
     for path in web.iterdir():
         text = path.read_text()
         assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), path

@@ -1,6 +1,6 @@
 """The chat and the file transfer in a web page: one server for terminals and browsers.
 
-A page (``examples/chat/web/``) connects with ``omnistreams.js`` over WebSocket and opens
+A page (``polymux/apps/web/``, inside the package) connects with ``omnistreams.js`` over WebSocket and opens
 one channel pair (:meth:`polymux.Session.open_pair`) per room and per transfer; the same
 :class:`~polymux.apps.chat.ChatServer` serves terminal clients on TCP or unix sockets, so
 both meet in the same rooms. Channels by name (records: :mod:`polymux.apps.records`)::
@@ -43,7 +43,10 @@ from polymux.apps.records import RecordError, encode_record, field, read_record,
 from polymux.exceptions import PolymuxError, SessionClosed
 
 
-__all__ = ["MAX_LISTED", "MAX_LISTING_BYTES", "Download", "WebChat"]
+__all__ = ["MAX_LISTED", "MAX_LISTING_BYTES", "WEB_PAGE", "Download", "WebChat"]
+
+WEB_PAGE = Path(__file__).resolve().parent / "web"
+"""The web page's files (``index.html``, ``chat.js``, ...), shipped inside the package."""
 
 MAX_LISTED = 1000
 """Files listed at most (``files/list``, ``files/watch``)."""
