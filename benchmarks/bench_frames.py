@@ -149,8 +149,8 @@ class Clock:
 
 
 def _waiting(reader: asyncio.StreamReader) -> bool:
-    source = getattr(reader, "_source", None)
-    return bool(source is not None and source.backlog_size)
+    inbox = getattr(reader, "_inbox", None)
+    return bool(inbox is not None and inbox.size)
 
 
 async def both(fmt: str, total: int, write: int) -> tuple[float, float, list[tuple[int, str, bytes]]]:

@@ -266,6 +266,19 @@ class MessageWindow(ReceiveWindow):
             self._sizes.append(size)
         return True
 
+    def bytes_until_due(self) -> int:
+        """A lower bound (at least 1) of the bytes to consume before :meth:`consumed_bytes`
+        returns credit: those of the oldest messages that complete the batch, or all that
+        arrived and one more while fewer did."""
+        need = self.threshold - self.pending
+        total = -self._spare
+        for size in self._sizes:
+            if need <= 0:
+                break
+            total += size
+            need -= 1
+        return max(1, total + (1 if need > 0 else 0))
+
     def consumed_bytes(self, n: int) -> int:
         """The application consumed ``n`` bytes. Returns the messages to credit now (0: none yet)."""
         spare = self._spare + n

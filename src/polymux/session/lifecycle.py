@@ -81,7 +81,7 @@ class Lifecycle:
         """slow_reader="reset": drop this channel so the others can go on."""
         config = self.config
         message = (
-            f"reader fell behind: {channel.unconsumed} bytes unread"
+            f"reader fell behind: {channel.inbox.unconsumed} bytes unread"
             + (f" for {config.slow_reader_timeout:g} s" if config.slow_reader_timeout else "")
             + f" (receive_window={config.receive_window}, slow_reader='reset')"
         )

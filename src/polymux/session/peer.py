@@ -116,10 +116,14 @@ class PeerEvents:
                         self.emit(failed)
                         core.reset(event.channel)  # the answer passed its limit
                     return
-            channel.unconsumed += n
+            inbox = channel.inbox
+            if channel.streamed:  # into its inbox, as the engine's data frames go
+                core.runs.put(inbox, event.data, event.more, n)
+                return
+            inbox.unconsumed += n
             core.budget.received(n)
             self.emit(ce.Data(event.channel, event.data, event.more, n))
-            if not self.credit and channel.unconsumed > self.receive_window:
+            if not self.credit and inbox.unconsumed > self.receive_window:
                 core.lifecycle.reader_behind(channel)
         elif isinstance(event, ev.CreditAvailable):
             channel = channels.get(event.channel)
@@ -222,7 +226,14 @@ class PeerEvents:
         engine.accept_channel(handle)
         budget = core.budget
         channel = CoreChannel(
-            handle, name, engine.describe(handle), False, budget.high, budget.low, accepted=True
+            handle,
+            name,
+            engine.describe(handle),
+            False,
+            budget.high,
+            budget.low,
+            accepted=True,
+            inbox=core.new_inbox(handle),
         )
         core.table.add(channel)
         role = pair_role(engine.metadata_object(handle)) if engine.one_way else None
