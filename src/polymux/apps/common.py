@@ -15,7 +15,7 @@ import socket
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import polymux
 from polymux import formats
@@ -546,12 +546,18 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
-async def serve_until_stopped(
-    server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0
-) -> None:
+class _Closable(Protocol):
+    """What :func:`serve_until_stopped` stops: a server, a bridge, a forward's end."""
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+async def serve_until_stopped(server: _Closable, logger: logging.Logger, grace: float = 15.0) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
-    bridge``)."""
+    bridge``, ``polymux forward``)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

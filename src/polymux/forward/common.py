@@ -152,20 +152,23 @@ class Tracker:
             conn.abort()
 
 
-async def relay(conn: Connection, sock: StreamPair, channel: StreamPair) -> str:
+async def relay(conn: Connection, sock: StreamPair, channel: StreamPair, *, target: bool = False) -> str:
     """Copy between a TCP connection and a channel both ways until both have ended (an end
     of writing is carried as a half-close), with backpressure (the bridge's copy loop:
-    bounded reads, each after the other side took the last). Returns the outcome for the
-    log line; a side that fails cuts the other (a reset channel aborts the socket, a
-    reset socket resets the channel, saying why where the format carries text)."""
-    sock_reader, sock_writer = sock
+    bounded reads, each after the other side took the last). ``target``: the socket is the
+    target's (its bytes count as coming back). Returns the outcome for the log line; a
+    side that fails cuts the other (a reset channel aborts the socket, a reset socket
+    resets the channel, saying why where the format carries text)."""
+    sock_writer = sock[1]
     chan_reader, chan_writer = channel
     conn.hold(sock_writer, chan_writer)
+    # copy_both counts its first pair's bytes first: that of the side towards the target.
+    first, second = ((chan_reader, chan_writer), sock) if target else (sock, (chan_reader, chan_writer))
     try:
-        await copy_both(sock_reader, sock_writer, chan_reader, chan_writer, conn.counts)
+        await copy_both(*first, *second, conn.counts)
     except _Failed as failed:
         why = describe(failed.error)
-        if failed.side == "src":  # the socket: the channel learns why
+        if (failed.side == "src") != target:  # the socket: the channel learns why
             sock_writer.transport.abort()
             _reset(chan_writer, f"polymux forward: {why}")
             return f"failed: {why}"

@@ -202,7 +202,7 @@ class FarEnd:
                 _reset(writer, f"polymux forward: {self.to}: {describe(exc)}")
                 outcome, refused = f"refused: {describe(exc)}", True
                 return
-            outcome = await relay(conn, target, (reader, writer))
+            outcome = await relay(conn, target, (reader, writer), target=True)
         finally:
             self._tracker.done(conn, outcome, refused=refused)
 
@@ -229,7 +229,7 @@ class FarEnd:
                 await _refuse(writer, code, text)
                 return
             writer.write(format_reply(Reply.SUCCEEDED, where=local_of(sock[1])))
-            outcome = await relay(conn, sock, (reader, writer))
+            outcome = await relay(conn, sock, (reader, writer), target=True)
         finally:
             self._tracker.done(conn, outcome, refused=refused)
 

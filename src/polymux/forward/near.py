@@ -365,7 +365,7 @@ class NearEnd:
                 writer.close()
                 return
             writer.write(format_reply(Reply.SUCCEEDED, where=local_of(sock[1])))
-            outcome = await relay(conn, sock, (reader, writer))
+            outcome = await relay(conn, sock, (reader, writer), target=True)
         finally:
             self._tracker.done(conn, outcome, refused=refused)
 
