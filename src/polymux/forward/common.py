@@ -104,6 +104,7 @@ class Tracker:
         self.live: set[Connection] = set()
         self.idle = asyncio.Event()
         self.idle.set()
+        self._ended: list[asyncio.Future[None]] = []  # waiting for a connection to end
 
     def admit(self, label: str) -> Connection | None:
         """A new connection, or None (counted as refused and logged) when
@@ -145,6 +146,16 @@ class Tracker:
         )
         if not self.live:
             self.idle.set()
+        waiters, self._ended = self._ended, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def one_ends(self) -> None:
+        """Wait until a connection ends (its channel is released)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ended.append(waiter)
+        await waiter
 
     def abort_all(self) -> None:
         """Cut every connection in flight."""

@@ -18,7 +18,7 @@ from polymux.aio.server import DEFAULT_MAX_CONNECTIONS
 from polymux.aio.session import ChannelHandler
 from polymux.bridging import Endpoint, _reset, connect_endpoint
 from polymux.config import SessionConfig
-from polymux.exceptions import PolymuxError
+from polymux.exceptions import LimitExceeded, PolymuxError
 from polymux.forward.common import (
     ForwardStats,
     StreamPair,
@@ -263,11 +263,23 @@ class NearEnd:
         """A channel to ``target`` (None: bare), with the far end's answer."""
         session = await self._session()
         name = MARK if target is not None and self._names else ""
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                channel = await session.open_pair(name)
-        except TimeoutError:
-            raise ForwardError(f"the far end took no channel within {self.request_timeout:g} s") from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session_wait
+        while True:
+            try:
+                async with asyncio.timeout(self.request_timeout):
+                    channel = await session.open_pair(name)
+                break
+            except TimeoutError:
+                raise ForwardError(f"the far end took no channel within {self.request_timeout:g} s") from None
+            except LimitExceeded as exc:
+                # The session's channels are all in use (max_outbound_channels, a format's id
+                # space): wait for one of ours to end, for session_wait at most.
+                if loop.time() >= deadline or len(self._tracker.live) <= 1:
+                    raise ForwardError(f"no channel free within {self.session_wait:g} s: {exc}") from None
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(deadline):
+                        await self._tracker.one_ends()
         if target is None:
             return channel, None
         try:
