@@ -107,6 +107,19 @@ async def _talk(
     return b"".join(chunks)
 
 
+async def refused(port: int) -> bool:
+    """Whether a connection to ``port`` is closed at once with nothing in it (an end, or a
+    reset) while it says something."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"echo\nanything")
+        return await reader.read() == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    finally:
+        writer.close()
+
+
 def hash_answer(payload: bytes) -> bytes:
     """What the ``hash`` target answers for ``payload``."""
     return f"{len(payload)} {hashlib.sha256(payload).hexdigest()}".encode()

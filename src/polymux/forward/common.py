@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,6 +259,20 @@ def stop_listening(server: Server | asyncio.Server | None) -> None:
         inner.close()  # on 3.11-3.12 this leaves accepted connections alone
     else:
         inner.close(close_connections=False)  # websockets' server: its connections stay
+
+
+def spawn(
+    tasks: set[asyncio.Task[None]],
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    """``asyncio.start_server``'s callback: run ``handler`` in a task of ``tasks`` (kept
+    until it ends), not in one of asyncio's own, whose done-callback logs a handler
+    cancelled at shutdown as an error (CPython 3.11)."""
+    task = asyncio.ensure_future(handler(reader, writer))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 async def stats_every(interval: float, stats: ForwardStats, say: Callable[[str], None]) -> None:

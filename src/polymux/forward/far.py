@@ -28,6 +28,7 @@ from polymux.forward.common import (
     peer_of,
     read_line,
     relay,
+    spawn,
     stop_listening,
 )
 from polymux.forward.request import (
@@ -108,6 +109,7 @@ class FarEnd:
         self._tracker = Tracker(self.stats, max_connections)
         self._names = formats.resolve(listen.protocol, config).caps.names
         self._reverse: set[asyncio.Server] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the -R connections' handlers
         self._closing = False
 
     @property
@@ -335,7 +337,9 @@ class FarEnd:
             return control_line("REFUSED", number, int(refusal[0]), refusal[1])
         handler = functools.partial(self._accepted, session, where, number, bind)
         try:
-            server = await asyncio.start_server(handler, bind.host, bind.port)
+            server = await asyncio.start_server(
+                functools.partial(spawn, self._tasks, handler), bind.host, bind.port
+            )
         except OSError as exc:
             logger.warning("session from %s: -R %s refused: %s", where, bind, describe(exc))
             return control_line(
@@ -398,6 +402,8 @@ class FarEnd:
         sessions."""
         self._stop_accepting()
         self._tracker.abort_all()
+        for task in self._tasks:
+            task.cancel()
         if self.server is not None:
             self.server.close()
 
@@ -414,6 +420,7 @@ class FarEnd:
         """Wait until the listener and every session are closed."""
         if self.server is not None:
             await self.server.wait_closed()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def serve_forever(self) -> None:
         """Serve until cancelled."""

@@ -29,6 +29,7 @@ from polymux.forward.common import (
     peer_of,
     read_line,
     relay,
+    spawn,
     stop_listening,
 )
 from polymux.forward.request import (
@@ -137,6 +138,7 @@ class NearEnd:
         self._rng = rng
         self._ready = asyncio.Event()
         self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # the local connections' handlers
         self._supervisor: asyncio.Task[None] | None = None
         self._control: _Control | None = None
         self._closing = False
@@ -255,7 +257,9 @@ class NearEnd:
             if fwd.kind == "R":
                 continue
             handler = functools.partial(self._socks if fwd.kind == "D" else self._local, index)
-            server = await asyncio.start_server(handler, fwd.bind.host, fwd.bind.port)
+            server = await asyncio.start_server(
+                functools.partial(spawn, self._tasks, handler), fwd.bind.host, fwd.bind.port
+            )
             self._servers.append(server)
             self.forwards[index] = fwd.with_port(int(server.sockets[0].getsockname()[1]))
 
@@ -315,6 +319,12 @@ class NearEnd:
         label = f"-D {fwd.bind} from {peer_of(writer)}"
         conn = self._tracker.admit(label)
         if conn is None:
+            # Refused politely: the client hears "general failure" to its request.
+            with contextlib.suppress(SocksRefused, asyncio.IncompleteReadError, TimeoutError, OSError):
+                async with asyncio.timeout(self.request_timeout):
+                    await read_request(reader, writer)
+                    send_reply(writer, Reply.GENERAL_FAILURE)
+                    await writer.drain()
             writer.close()
             return
         outcome, refused = "stopped", False
@@ -398,6 +408,8 @@ class NearEnd:
         """Stop listening and cut everything at once: connections and the session."""
         self._stop_accepting()
         self._tracker.abort_all()
+        for task in self._tasks:
+            task.cancel()
         if self.session is not None:
             self.session.abort()
 
@@ -414,6 +426,7 @@ class NearEnd:
         """Wait until the listeners and the session are closed."""
         for server in self._servers:
             await server.wait_closed()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.session is not None:
             await self.session.wait_closed()
 
