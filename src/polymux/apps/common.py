@@ -554,15 +554,20 @@ class _Closable(Protocol):
     def close(self) -> None: ...
 
 
-async def serve_until_stopped(server: _Closable, logger: logging.Logger, grace: float = 15.0) -> None:
+async def serve_until_stopped(
+    server: _Closable, logger: logging.Logger, grace: float = 15.0, ready: Callable[[], None] | None = None
+) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
-    bridge``, ``polymux forward``)."""
+    bridge``, ``polymux forward``). ``ready()`` runs once the signals are caught (a line
+    that tells scripts they may signal)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if ready is not None:
+            ready()
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -59,6 +59,7 @@ from polymux.apps.common import (
     diagnosing_capture,
     format_bytes,
     liveness_options,
+    peer_mismatch,
     run as run_loop,
     seconds,
     serve_until_stopped,
@@ -338,14 +339,20 @@ def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     return None
 
 
-async def _run_until_stopped(end: FarEnd | NearEnd, stats: ForwardStats, args: argparse.Namespace) -> None:
+async def _run_until_stopped(
+    end: FarEnd | NearEnd, stats: ForwardStats, args: argparse.Namespace, lines: list[str]
+) -> None:
+    def ready() -> None:
+        for line in lines:  # once Ctrl-C and SIGTERM are ours: scripts may signal after them
+            print(line, flush=True)
+
     ticker = None
     if args.stats is not None:
         ticker = asyncio.ensure_future(
             stats_every(args.stats, stats, lambda line: print(f"polymux forward: {line}", flush=True))
         )
     try:
-        await serve_until_stopped(end, logger, grace=args.grace)
+        await serve_until_stopped(end, logger, grace=args.grace, ready=ready)
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -377,7 +384,6 @@ async def _far(
     except OSError as exc:
         print(f"polymux forward: cannot listen on {args.listen}: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    print(f"listening {far.address}", flush=True)  # the first line (scripts wait for it)
     targets = []
     if far.to is not None:
         targets.append(f"bare channels to {far.to}")
@@ -387,7 +393,7 @@ async def _far(
         logger.warning("no --allow and no --to: every target is refused")
     else:
         logger.info("%s over %s: %s; -R %s", args.protocol, far.address, "; ".join(targets), far.reverse)
-    await _run_until_stopped(far, far.stats, args)
+    await _run_until_stopped(far, far.stats, args, [f"listening {far.address}"])  # the first line
     return EXIT_OK
 
 
@@ -440,7 +446,8 @@ async def _near(
         print(f"polymux forward: {exc}", file=sys.stderr, flush=True)
         return EXIT_NO_SESSION
     except NotAForwarder as exc:
-        print(f"polymux forward: {endpoint.where}: {exc}", file=sys.stderr, flush=True)
+        why = peer_mismatch(exc.session) if exc.session is not None else None
+        print(f"polymux forward: {endpoint.where}: {why or exc}", file=sys.stderr, flush=True)
         return EXIT_NO_SESSION
     except ForwardError as exc:
         print(f"polymux forward: {exc}", file=sys.stderr, flush=True)
@@ -448,8 +455,6 @@ async def _near(
     except OSError as exc:
         print(f"polymux forward: cannot listen: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    for fwd in near.forwards:
-        print(f"listening {fwd.describe()}", flush=True)
     logger.info("connected to %s (%s)", endpoint.where, args.protocol)
-    await _run_until_stopped(near, near.stats, args)
+    await _run_until_stopped(near, near.stats, args, [f"listening {fwd.describe()}" for fwd in near.forwards])
     return EXIT_OK

@@ -56,8 +56,14 @@ far end opens (``polymux.connect(..., handler=handler)``)."""
 
 
 class NotAForwarder(ForwardError):
-    """The far end does not answer forward requests: it is not a polymux far end, or one
-    started with ``--to`` on a format without channel names (every channel bare)."""
+    """The far end does not answer forward requests: it is not a polymux far end (maybe not
+    even of this format), or one started with ``--to`` on a format without channel names
+    (every channel bare)."""
+
+    def __init__(self, message: str, session: Session | None = None) -> None:
+        super().__init__(message)
+        self.session = session
+        """The session that got no answer (closed now), to diagnose its peer."""
 
 
 class _Control:
@@ -183,12 +189,14 @@ class NearEnd:
                 pair = await session.open_pair(MARK if self._names else "")
                 pair[1].write(Request("CONTROL").encode())
                 parse_reply(await read_line(pair[0], None, "answer to the control request"))
-        except (ForwardError, TimeoutError) as exc:
-            why = "no answer" if isinstance(exc, TimeoutError) else str(exc)
+        except (ForwardError, TimeoutError, PolymuxError, OSError) as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else describe(exc)
+            session.abort()
             raise NotAForwarder(
                 f"the far end does not answer forward requests ({why}): is it a polymux forward "
-                "far end? One started with --to on a format without channel names takes every "
-                "channel as bare: use only bare -L PORT with it"
+                f"far end of {session.protocol}? One started with --to on a format without channel "
+                "names takes every channel as bare: use only bare -L PORT with it",
+                session,
             ) from None
         control = self._control = _Control(pair)
         control.task = asyncio.ensure_future(control.run())
