@@ -218,3 +218,11 @@ async def test_a_near_end_whose_peer_is_no_far_end_exits_3_and_a_refused_r_exits
     near = await procs.polymux("forward", "--connect", where, "-R", "0:127.0.0.1:1")
     assert await near.wait() == 1
     assert "-R is off on the far end" in near.stderr
+
+
+@pytest.mark.parametrize("protocol", ["yamux", "omnistreams"])
+async def test_the_example_fetches_a_page_three_ways(procs: Procs, protocol: str) -> None:
+    example = await procs.example("forward.py", "--protocol", protocol)
+    assert await example.wait() == 0, example.describe()
+    for kind in ("-L", "-D", "-R"):
+        assert f"{kind}: hello through polymux forward" in example.out, example.describe()
