@@ -36,6 +36,7 @@ __all__ = [
     "MIN_WRITE_BUFFER",
     "SIZE_SYNTAX",
     "Address",
+    "Closable",
     "NoSession",
     "add_address_options",
     "add_liveness_options",
@@ -546,16 +547,18 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
-class _Closable(Protocol):
+class Closable(Protocol):
     """What :func:`serve_until_stopped` stops: a server, a bridge, a forward's end."""
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Stop gracefully (and wait)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop at once."""
 
 
 async def serve_until_stopped(
-    server: _Closable, logger: logging.Logger, grace: float = 15.0, ready: Callable[[], None] | None = None
+    server: Closable, logger: logging.Logger, grace: float = 15.0, ready: Callable[[], None] | None = None
 ) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux

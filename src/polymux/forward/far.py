@@ -488,9 +488,10 @@ async def start_far_end(
         request_timeout: seconds a channel may take to send its request line (default:
             the configuration's ``handshake_timeout``).
         ssl: a server ``ssl.SSLContext``: TLS on any transport (``wss://`` for WebSocket).
-        config, **options: the sessions' :class:`~polymux.SessionConfig` (the bounds of
+        config: the sessions' :class:`~polymux.SessionConfig` (the bounds of
             :func:`polymux.start_server` apply: ``max_session_memory``,
             ``handshake_timeout`` ...).
+        **options: :class:`~polymux.SessionConfig` fields on top of ``config``.
 
     Raises:
         ValueError: a malformed endpoint, target or rule; ``to`` together with ``allow`` or

@@ -498,14 +498,16 @@ async def start_near_end(
         session_wait: seconds a new connection waits for the session while reconnecting;
             then it is closed.
         request_timeout: seconds the far end may take to answer a request.
-        ssl, server_hostname: a client ``ssl.SSLContext`` for TLS (and the name to check).
-        config, **options: the session's :class:`~polymux.SessionConfig`.
+        ssl: a client ``ssl.SSLContext`` for TLS.
+        server_hostname: the name the server's certificate must have (default the host).
+        config: the session's :class:`~polymux.SessionConfig`.
         rng: the jitter's random source (tests).
+        **options: :class:`~polymux.SessionConfig` fields on top of ``config``.
 
     Raises:
         ValueError: a malformed spec or endpoint.
         OSError: no connection to the far end, or a local listener cannot listen.
-        polymux.PolymuxError: the session failed (its handshake, another format).
+        polymux.exceptions.PolymuxError: the session failed (its handshake, another format).
         NotAForwarder: the far end does not answer forward requests.
         polymux.forward.ForwardError: the far end refused an ``-R`` listener.
     """
