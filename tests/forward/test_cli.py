@@ -55,6 +55,7 @@ def _where(transport: str, tmp: Path, cert: tuple[Path, Path]) -> tuple[list[str
     ca = ["--tls-ca", str(cert[0])]
     return {
         "tcp": (["--listen", "127.0.0.1:0"], []),
+        "tcp-uvloop": (["--listen", "127.0.0.1:0", "--uvloop"], ["--uvloop"]),
         "unix": (["--listen", f"unix:{tmp}/far.sock"], []),
         "tls": (["--listen", "127.0.0.1:0", *tls], ca),
         "ws": (["--listen", "ws://127.0.0.1:0/forward"], []),
@@ -72,7 +73,14 @@ async def _stop(proc: Proc) -> str:
 
 @pytest.mark.parametrize(
     ("transport", "protocol"),
-    [("tcp", "yamux"), ("unix", "mplex"), ("tls", "mstream-v3"), ("ws", "omnistreams"), ("wss", "smux-v2")],
+    [
+        ("tcp", "yamux"),
+        ("unix", "mplex"),
+        ("tls", "mstream-v3"),
+        ("ws", "omnistreams"),
+        ("wss", "smux-v2"),
+        ("tcp-uvloop", "streamux"),
+    ],
 )
 async def test_both_ends_over_every_transport(
     procs: Procs, short_tmp: Path, cert: tuple[Path, Path], transport: str, protocol: str

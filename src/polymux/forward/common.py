@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -245,20 +246,21 @@ def local_of(writer: asyncio.StreamWriter) -> HostPort | None:
     return None
 
 
-def stop_listening(server: Server | asyncio.Server | None) -> None:
+def stop_listening(server: Server | asyncio.AbstractServer | None) -> None:
     """Stop accepting connections, leaving those accepted (and their sessions) open."""
     if server is None:
         return
-    if isinstance(server, asyncio.Server):
-        server.close()
-        return
-    inner: Any = server._server
+    inner: Any = server._server if isinstance(server, Server) else server
     if inner is None:
         return
-    if isinstance(inner, asyncio.Server):
-        inner.close()  # on 3.11-3.12 this leaves accepted connections alone
-    else:
+    try:
+        keeps = "close_connections" in inspect.signature(inner.close).parameters
+    except (TypeError, ValueError):  # a compiled loop's server (uvloop): no signature to read
+        keeps = False
+    if keeps:
         inner.close(close_connections=False)  # websockets' server: its connections stay
+    else:
+        inner.close()  # asyncio's and uvloop's: on 3.11-3.12 accepted connections stay
 
 
 def spawn(
