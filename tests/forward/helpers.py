@@ -120,18 +120,6 @@ async def refused(port: int) -> bool:
         writer.close()
 
 
-async def not_listening(port: int) -> bool:
-    """Whether nothing accepts connections on 127.0.0.1:``port`` (a connection that reached
-    itself, the kernel having picked ``port`` as its own, counts as refused)."""
-    try:
-        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return True
-    reached_itself = writer.get_extra_info("sockname") == writer.get_extra_info("peername")
-    writer.close()
-    return bool(reached_itself)
-
-
 def hash_answer(payload: bytes) -> bytes:
     """What the ``hash`` target answers for ``payload``."""
     return f"{len(payload)} {hashlib.sha256(payload).hexdigest()}".encode()
