@@ -239,6 +239,11 @@ async def test_reverse_is_off_unless_allowed_and_bounded_per_session() -> None:
                 assert all(a.startswith(b"LISTENING ") for a in answers[:MAX_REVERSE])
                 assert answers[-1].startswith(b"REFUSED 16 1 at most 16")
                 assert len(far._reverse) == MAX_REVERSE
+                # One control channel per session: -R listeners are bounded per session.
+                second_reader, second_writer = await session.open_channel(MARK)
+                second_writer.write(Request("CONTROL").encode())
+                assert (await second_reader.read()).startswith(b"ERR 1 one control channel per session")
+                second_writer.close()
                 writer.write_eof()  # the control channel ends: its listeners go
                 await _until(lambda: not far._reverse)
         finally:

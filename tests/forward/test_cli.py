@@ -56,11 +56,10 @@ def _where(transport: str, tmp: Path, cert: tuple[Path, Path]) -> tuple[list[str
     ca = ["--tls-ca", str(cert[0])]
     return {
         "tcp": (["--listen", "127.0.0.1:0"], []),
-        "tcp-uvloop": (["--listen", "127.0.0.1:0", "--uvloop"], ["--uvloop"]),
         "unix": (["--listen", f"unix:{tmp}/far.sock"], []),
         "tls": (["--listen", "127.0.0.1:0", *tls], ca),
         "ws": (["--listen", "ws://127.0.0.1:0/forward"], []),
-        "wss": (["--listen", "ws://127.0.0.1:0/forward", *tls], ca),
+        "wss-uvloop": (["--listen", "ws://127.0.0.1:0/forward", *tls, "--uvloop"], [*ca, "--uvloop"]),
     }[transport]
 
 
@@ -75,12 +74,11 @@ async def _stop(proc: Proc) -> str:
 @pytest.mark.parametrize(
     ("transport", "protocol"),
     [
-        ("tcp", "yamux"),
         ("unix", "mplex"),
         ("tls", "mstream-v3"),
         ("ws", "omnistreams"),
-        ("wss", "smux-v2"),
-        ("tcp-uvloop", "streamux"),
+        ("wss-uvloop", "smux-v2"),
+        ("tcp", "streamux"),
     ],
 )
 async def test_both_ends_over_every_transport(
@@ -95,7 +93,7 @@ async def test_both_ends_over_every_transport(
                 "forward", *listen, "--protocol", protocol, "--allow", "127.0.0.1:*", "--allow", "localhost:*"
             )
             where = (await far.line(r"^listening (\S+)$")).group(1)
-            if transport == "wss":
+            if transport.startswith("wss"):
                 assert where.startswith("wss://127.0.0.1:")
             near = await procs.polymux(
                 "forward", "--connect", where, *connect_extra, "--protocol", protocol,

@@ -110,6 +110,7 @@ class FarEnd:
         self._names = formats.resolve(listen.protocol, config).caps.names
         self._reverse: set[asyncio.Server] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the -R connections' handlers
+        self._controlled: set[Session] = set()  # sessions with their control channel open
         self._closing = False
 
     @property
@@ -175,7 +176,15 @@ class FarEnd:
             assert req.target is not None
             await self._connect(reader, writer, req.target, where)
         elif req.verb == "CONTROL":
-            await self._control(reader, writer, session, where)
+            if session in self._controlled:
+                logger.warning("channel from %s: a second control channel refused", where)
+                await _refuse(writer, Reply.GENERAL_FAILURE, "one control channel per session")
+                return
+            self._controlled.add(session)
+            try:
+                await self._control(reader, writer, session, where)
+            finally:
+                self._controlled.discard(session)
         else:
             logger.warning("channel from %s: %s is not a request to the far end", where, req.verb)
             await _refuse(writer, Reply.COMMAND_NOT_SUPPORTED, f"{req.verb} is not a request to the far end")
