@@ -61,7 +61,7 @@ def pattern(n: int, seed: int = 0) -> bytes:
 @contextlib.asynccontextmanager
 async def target_server() -> AsyncIterator[int]:
     """A target on 127.0.0.1 (see :func:`_target`); yields its port."""
-    server = await asyncio.start_server(_target, "127.0.0.1", 0)
+    server = await asyncio.start_server(_target, "127.0.0.1", 0, backlog=1024)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:

@@ -26,6 +26,10 @@ logger = logging.getLogger("polymux.forward")
 
 StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
+BACKLOG = 1024
+"""The listen backlog of the forwards' listeners (asyncio's default, 100, drops a burst's
+connections past it for a second: the clients' SYN retransmission)."""
+
 
 @dataclass
 class ForwardStats:

@@ -19,6 +19,7 @@ from polymux.bridging import Endpoint, _reset, listen_endpoint
 from polymux.config import SessionConfig
 from polymux.exceptions import PolymuxError
 from polymux.forward.common import (
+    BACKLOG,
     ForwardStats,
     StreamPair,
     Tracker,
@@ -347,7 +348,7 @@ class FarEnd:
         handler = functools.partial(self._accepted, session, where, number, bind)
         try:
             server = await asyncio.start_server(
-                functools.partial(spawn, self._tasks, handler), bind.host, bind.port
+                functools.partial(spawn, self._tasks, handler), bind.host, bind.port, backlog=BACKLOG
             )
         except OSError as exc:
             logger.warning("session from %s: -R %s refused: %s", where, bind, describe(exc))

@@ -20,6 +20,7 @@ from polymux.bridging import Endpoint, _reset, connect_endpoint
 from polymux.config import SessionConfig
 from polymux.exceptions import LimitExceeded, PolymuxError
 from polymux.forward.common import (
+    BACKLOG,
     ForwardStats,
     StreamPair,
     Tracker,
@@ -266,7 +267,7 @@ class NearEnd:
                 continue
             handler = functools.partial(self._socks if fwd.kind == "D" else self._local, index)
             server = await asyncio.start_server(
-                functools.partial(spawn, self._tasks, handler), fwd.bind.host, fwd.bind.port
+                functools.partial(spawn, self._tasks, handler), fwd.bind.host, fwd.bind.port, backlog=BACKLOG
             )
             self._servers.append(server)
             self.forwards[index] = fwd.with_port(int(server.sockets[0].getsockname()[1]))
