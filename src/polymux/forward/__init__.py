@@ -6,10 +6,10 @@ Two ends. The **far end** (:func:`start_far_end`) listens for sessions and conne
 channels to targets; the **near end** (:func:`start_near_end`) connects to it, listens
 locally and turns each local connection into a channel::
 
-    far = await polymux.forward.start_far_end("yamux:tcp:0.0.0.0:4000", allow=["127.0.0.1:22"])
-    near = await polymux.forward.start_near_end(
-        "yamux:tcp:far.example:4000", local=["2222:127.0.0.1:22"], socks=["1080"]
-    )
+    from polymux.forward import start_far_end, start_near_end
+
+    far = await start_far_end("yamux:tcp:0.0.0.0:4000", allow=["127.0.0.1:22"])
+    near = await start_near_end("yamux:tcp:far.example:4000", local=["2222:127.0.0.1:22"], socks=["1080"])
 
 * ``-L`` (``local=``): a local listener; each connection is a channel the far end
   connects to the target named (checked against its ``allow`` rules). ``-L PORT`` without
