@@ -16,13 +16,13 @@ import pytest
 import polymux
 from polymux.forward import (
     MARK,
-    MAX_REVERSE,
     ForwardError,
     NotAForwarder,
     Reply,
     start_far_end,
     start_near_end,
 )
+from polymux.forward.far import MAX_REVERSE
 from polymux.forward.request import Request, control_line, format_reply
 
 from .helpers import (
@@ -211,7 +211,11 @@ async def test_request_lines_are_bounded_in_size_and_time(protocol: str) -> None
         far.close()
 
 
+LISTENERS = 5
+
+
 async def test_reverse_is_off_unless_allowed_and_bounded_per_session() -> None:
+    assert MAX_REVERSE == 64  # the default: ssh sets none; a near end rarely needs more
     async with target_server() as port:
         far = await start_far_end("mstream-v3:tcp:127.0.0.1:0", reverse=False)
         try:
@@ -221,7 +225,7 @@ async def test_reverse_is_off_unless_allowed_and_bounded_per_session() -> None:
                 )
         finally:
             far.close()
-        far = await start_far_end("mstream-v3:tcp:127.0.0.1:0", reverse=True)
+        far = await start_far_end("mstream-v3:tcp:127.0.0.1:0", reverse=True, max_reverse=LISTENERS)
         try:
             with pytest.raises(ForwardError, match="only loopback"):
                 await start_near_end(
@@ -233,12 +237,12 @@ async def test_reverse_is_off_unless_allowed_and_bounded_per_session() -> None:
                 reader, writer = await session.open_channel(MARK)
                 writer.write(Request("CONTROL").encode())
                 assert await reader.readline() == format_reply(Reply.SUCCEEDED)
-                for number in range(MAX_REVERSE + 1):
+                for number in range(LISTENERS + 1):
                     writer.write(control_line("LISTEN", number, "127.0.0.1", 0))
-                answers = [await reader.readline() for _ in range(MAX_REVERSE + 1)]
-                assert all(a.startswith(b"LISTENING ") for a in answers[:MAX_REVERSE])
-                assert answers[-1].startswith(b"REFUSED 16 1 at most 16")
-                assert len(far._reverse) == MAX_REVERSE
+                answers = [await reader.readline() for _ in range(LISTENERS + 1)]
+                assert all(a.startswith(b"LISTENING ") for a in answers[:LISTENERS])
+                assert answers[-1].startswith(b"REFUSED 5 1 at most 5 -R listeners per session")
+                assert len(far._reverse) == LISTENERS
                 # One control channel per session: -R listeners are bounded per session.
                 second_reader, second_writer = await session.open_channel(MARK)
                 second_writer.write(Request("CONTROL").encode())

@@ -67,6 +67,7 @@ from polymux.apps.common import (
 )
 from polymux.bridging import Endpoint, connect_endpoint
 from polymux.forward import (
+    MAX_REVERSE,
     REVERSE_MODES,
     AllowList,
     Backoff,
@@ -137,6 +138,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=REVERSE_MODES,
         metavar="WHERE",
         help="let near ends listen here (-R): on loopback addresses (--reverse), or on any (--reverse any)",
+    )
+    far.add_argument(
+        "--max-reverse",
+        type=int,
+        default=MAX_REVERSE,
+        metavar="N",
+        help=f"-R listeners one near end may hold at once (default {MAX_REVERSE})",
     )
     far.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate chain (PEM)")
     far.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
@@ -239,6 +247,7 @@ def _check(args: argparse.Namespace) -> None:
         "--to": args.to is not None,
         "--allow": bool(args.allow),
         "--reverse": args.reverse != "off",
+        "--max-reverse": args.max_reverse != MAX_REVERSE,
         "--tls-cert": args.tls_cert is not None,
         "--tls-key": args.tls_key is not None,
     }
@@ -271,6 +280,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError("--connect: give at least one -L, -R or -D")
     if args.max_connections <= 0:
         raise ValueError(f"--max-connections must be positive, got {args.max_connections}")
+    if args.max_reverse < 0:
+        raise ValueError(f"--max-reverse must be 0 or more, got {args.max_reverse}")
     if args.grace < 0:
         raise ValueError(f"--grace must be 0 or more seconds, got {args.grace:g}")
 
@@ -375,6 +386,7 @@ async def _far(
             to=args.to,
             allow=args.allow,
             reverse=args.reverse,
+            max_reverse=args.max_reverse,
             max_connections=args.max_connections,
             connect_timeout=args.connect_timeout,
             ssl=context,

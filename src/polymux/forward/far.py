@@ -49,8 +49,9 @@ from polymux.forward.spec import AllowList, HostPort, parse_host_port
 
 __all__ = ["MAX_REVERSE", "REVERSE_MODES", "FarEnd", "start_far_end"]
 
-MAX_REVERSE = 16
-"""``-R`` listeners one session may hold at once on a far end."""
+MAX_REVERSE = 64
+"""``-R`` listeners one session may hold at once on a far end, by default
+(``max_reverse=``, ``--max-reverse``)."""
 REVERSE_MODES = ("off", "loopback", "any")
 """What ``reverse=`` allows: no ``-R``, ``-R`` on loopback addresses only, on any address."""
 
@@ -80,6 +81,7 @@ class FarEnd:
         to: HostPort | None,
         allow: AllowList,
         reverse: str,
+        max_reverse: int,
         max_connections: int | None,
         connect_timeout: float,
         request_timeout: float,
@@ -94,6 +96,8 @@ class FarEnd:
         """The targets requests may name."""
         self.reverse = reverse
         """``-R`` allowed: one of :data:`REVERSE_MODES`."""
+        self.max_reverse = max_reverse
+        """``-R`` listeners one session may hold at once."""
         self.config = config
         """The sessions' configuration."""
         self.connect_timeout = connect_timeout
@@ -340,8 +344,8 @@ class FarEnd:
             )
         elif number in listeners:
             refusal = Reply.GENERAL_FAILURE, f"-R listener {number} exists already"
-        elif len(listeners) >= MAX_REVERSE:
-            refusal = Reply.GENERAL_FAILURE, f"at most {MAX_REVERSE} -R listeners per session"
+        elif len(listeners) >= self.max_reverse:
+            refusal = Reply.GENERAL_FAILURE, f"at most {self.max_reverse} -R listeners per session"
         if refusal is not None:
             logger.warning("session from %s: -R %s refused: %s", where, bind, refusal[1])
             return control_line("REFUSED", number, int(refusal[0]), refusal[1])
@@ -469,6 +473,7 @@ async def start_far_end(
     to: str | HostPort | None = None,
     allow: Iterable[str] | AllowList = (),
     reverse: bool | str = False,
+    max_reverse: int = MAX_REVERSE,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     connect_timeout: float = 10.0,
     request_timeout: float | None = None,
@@ -492,6 +497,7 @@ async def start_far_end(
             request is refused.
         reverse: allow ``-R`` listeners: ``True`` or ``"loopback"`` (loopback addresses
             only), ``"any"``, or ``False`` / ``"off"``.
+        max_reverse: ``-R`` listeners one session may hold at once (more are refused).
         max_connections: forwarded connections at once (more are refused, the near end
             told why), and sessions at once (as :func:`polymux.start_server`'s).
         connect_timeout: seconds a connection to a target may take.
@@ -514,6 +520,8 @@ async def start_far_end(
     target = parse_host_port(to, "to") if isinstance(to, str) else to
     rules = allow if isinstance(allow, AllowList) else AllowList.parse(tuple(allow))
     mode = _reverse_mode(reverse)
+    if max_reverse < 0:
+        raise ValueError(f"max_reverse must be 0 or more, got {max_reverse}")
     cfg = SessionConfig.from_options(config, **options)
     fmt = formats.resolve(endpoint.protocol, cfg)
     if fmt.caps.conversation_option is not None:
@@ -530,6 +538,7 @@ async def start_far_end(
         to=target,
         allow=rules,
         reverse=mode,
+        max_reverse=max_reverse,
         max_connections=max_connections,
         connect_timeout=connect_timeout,
         request_timeout=cfg.handshake_timeout if request_timeout is None else request_timeout,
