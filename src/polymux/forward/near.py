@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Self
@@ -224,11 +225,15 @@ class NearEnd:
             if self._closing:
                 return
             why = describe(session.exception) if session.exception else "closed by the far end"
+            # A session the far end closed cleanly with nothing in flight (its idle_timeout,
+            # on formats without pings) lost nothing: said at INFO, not as a warning.
+            quiet = session.exception is None and not self._tracker.live
             attempt = 0
             while not self._closing:
                 attempt += 1
                 delay = self.backoff.delay(attempt, self._rng)
-                logger.warning(
+                logger.log(
+                    logging.INFO if quiet and attempt == 1 else logging.WARNING,
                     "the session with the far end ended (%s); reconnecting in %.1f s (attempt %d)",
                     why,
                     delay,
@@ -243,7 +248,11 @@ class NearEnd:
                 except Exception as exc:  # noqa: BLE001 - whatever a factory raises: try again later
                     why = describe(exc)
                     continue
-                logger.warning("reconnected to the far end (attempt %d)", attempt)
+                logger.log(
+                    logging.INFO if quiet and attempt == 1 else logging.WARNING,
+                    "reconnected to the far end (attempt %d)",
+                    attempt,
+                )
                 break
 
     async def _session(self) -> Session:
