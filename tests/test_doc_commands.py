@@ -30,7 +30,7 @@ from polymux.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])
 
-SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
+SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "forward", "decode", "bench", "analyze")
 
 # (regex on the start of a command line, the program it runs, words put before the rest)
 PREFIXES: list[tuple[re.Pattern[str], str, list[str]]] = [

@@ -15,7 +15,7 @@ import socket
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import polymux
 from polymux import formats
@@ -36,6 +36,7 @@ __all__ = [
     "MIN_WRITE_BUFFER",
     "SIZE_SYNTAX",
     "Address",
+    "Closable",
     "NoSession",
     "add_address_options",
     "add_liveness_options",
@@ -546,17 +547,30 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
+class Closable(Protocol):
+    """What :func:`serve_until_stopped` stops: a server, a bridge, a forward's end."""
+
+    async def aclose(self) -> None:
+        """Stop gracefully (and wait)."""
+
+    def close(self) -> None:
+        """Stop at once."""
+
+
 async def serve_until_stopped(
-    server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0
+    server: Closable, logger: logging.Logger, grace: float = 15.0, ready: Callable[[], None] | None = None
 ) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
-    bridge``)."""
+    bridge``, ``polymux forward``). ``ready()`` runs once the signals are caught (a line
+    that tells scripts they may signal)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if ready is not None:
+            ready()
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
