@@ -260,7 +260,9 @@ async def main(args: argparse.Namespace) -> int:
     reader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reader
-    back = f"; reconnected {client.outages} times" if client.outages else ""
+    back = ""
+    if client.outages:
+        back = f"; came back after {client.outages} lost connection{'s' if client.outages > 1 else ''}"
     state.show(
         f"chat: left; received {state.others} messages from others, {state.own} of our own echoed{back}"
     )

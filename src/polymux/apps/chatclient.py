@@ -447,24 +447,25 @@ class ReconnectingChatClient:
                 continue
             self.connections += 1
             try:
-                joined = await self._rejoin(session)
+                client, caught = await self._rejoin(session)
             except (ConnectionError, PolymuxError, RecordError, OSError, TimeoutError) as exc:
                 session.abort()
                 reason = _why(session, exc)
                 continue
-            if not joined:  # every room refused us
+            if not self.rooms:  # every room refused us
                 session.abort()
                 self._finish()
                 return False
             await self._emit({"type": "reconnected", "attempt": attempt})
+            await self._catch_up(client, caught)
             return True
         await self._emit({"type": "gave up", "reason": reason, "attempts": self.retries})
         self._finish()
         return False
 
-    async def _rejoin(self, session: Session) -> bool:
-        """Join every room again on ``session`` with its catch-up, then send again what
-        was not confirmed. False if no room is left (every join refused)."""
+    async def _rejoin(self, session: Session) -> tuple[ChatClient, list[tuple[_Room, list[dict[str, Any]]]]]:
+        """Join every room again on ``session``; each room's welcome, catch-up summary and
+        missed records (a room that refuses us is closed)."""
         client = ChatClient(session, self.nick)
         caught: list[tuple[_Room, list[dict[str, Any]]]] = []
         for room in list(self.rooms.values()):
@@ -489,8 +490,11 @@ class ReconnectingChatClient:
                 await self._close_room(room, str(exc))
                 continue
             caught.append((room, records))
-        if not self.rooms:
-            return False
+        return client, caught
+
+    async def _catch_up(self, client: ChatClient, caught: list[tuple[_Room, list[dict[str, Any]]]]) -> None:
+        """Deliver what each room caught up, go live, then send again what was not
+        confirmed."""
         for room, records in caught:
             welcome, *rest = records
             epoch, seq = welcome.get("epoch"), welcome.get("seq")
@@ -503,7 +507,7 @@ class ReconnectingChatClient:
                 await self._deliver(room, record)
             if isinstance(seq, int):
                 room.last = max(room.last, seq)  # what it no longer holds is counted as lost
-        self._go_live(session, client)
+        self._go_live(client.session, client)
         for room, _ in caught:
             # Said while away, or sent on the lost connection and not confirmed: send
             # again (the server drops an id it relayed already). New says wait meanwhile.
@@ -512,7 +516,6 @@ class ReconnectingChatClient:
                     if message_id in room.pending:
                         await self._send(room, message_id)
             room.live = True
-        return True
 
 
 def _why(session: Session, exc: BaseException | None) -> str:
