@@ -104,6 +104,12 @@ class CutProxy:
         else:
             raise ValueError(f"unknown cut {mode!r}")
 
+    def cut_all(self, mode: str) -> None:
+        """Cut every connection open now."""
+        for link in self.links:
+            if not link.client.is_closing():
+                self.cut(mode, link)
+
     async def release(self, link: _Link) -> None:
         """Deliver to the server what a stalled link held from its client."""
         link.server.write(bytes(link.held))

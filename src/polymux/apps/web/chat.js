@@ -1052,7 +1052,7 @@ function save() {
 
 function restore() {
 	const params = new URLSearchParams(location.search)
-	if (params.get('nick')) return { nick: params.get('nick').trim(), rooms: (params.get('room') || 'lobby').split(',').map(r => r.trim().replace(/^#/, '')).filter(Boolean), active: null }
+	if (params.get('nick')) return { nick: params.get('nick').trim(), rooms: (params.get('room') || 'lobby').split(',').map(r => r.trim().replace(/^#/, '')).filter(Boolean), active: null, link: true }
 	try {
 		const saved = JSON.parse(sessionStorage.getItem('polymux-webchat') || 'null')
 		if (saved && typeof saved.nick === 'string') return saved
@@ -1622,7 +1622,7 @@ function start() {
 		if (labelProblem('room name', room) || state.rooms.has(room)) continue
 		const view = makeView(room)
 		view.state = 'waiting'
-		view.restored = true
+		view.restored = reloaded || !saved.link // back after a reload (not a first visit by a link)
 		const read = saved.read?.[room]
 		if (read && Number.isInteger(read.seq)) Object.assign(view, { restoredRead: read.seq, restoredEpoch: read.epoch, read: read.seq })
 		state.rooms.set(room, view)
