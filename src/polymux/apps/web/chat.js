@@ -266,8 +266,12 @@ function scheduleReconnect() {
 function countdown() {
 	if (state.session || state.connecting || !state.timer) return
 	const seconds = Math.max(1, Math.ceil((state.retryAt - Date.now()) / 1000))
-	const what = state.everConnected ? 'Connection lost' : 'Cannot reach the server'
-	setStatus('offline', `${what}. Trying again in ${seconds} s.`, true)
+	if (narrow()) {
+		setStatus('offline', `${state.everConnected ? 'Offline' : 'No connection'}. Retrying in ${seconds} s.`, true)
+	} else {
+		const what = state.everConnected ? 'Connection lost' : 'Cannot reach the server'
+		setStatus('offline', `${what}. Trying again in ${seconds} s.`, true)
+	}
 	setTimeout(countdown, Math.min(1000, Math.max(50, state.retryAt - Date.now())))
 }
 
@@ -356,7 +360,7 @@ function drawComposer() {
 	$('#attach').disabled = !state.session
 	$('#send').disabled = !ready || !$('#text').value.trim()
 	let hint = 'Message'
-	if (view && !state.session) hint = 'Offline: waiting for the connection…'
+	if (view && !state.session) hint = 'Reconnecting…'
 	else if (view && view.state === 'closed') hint = `#${short(view.room, 14)} is closed: Rejoin above`
 	else if (view && view.state === 'joined') hint = `Message #${short(view.room, 14)}`
 	else if (view) hint = `Joining #${short(view.room, 14)}…`
@@ -411,6 +415,7 @@ function signedIn() {
 	$('#add-room').hidden = !any
 	$('#me').hidden = !any
 	$('#me-name').textContent = state.nick
+	$('#me-initial').textContent = [...state.nick][0] ?? ''
 	if (!any) closeSide()
 }
 
@@ -1004,6 +1009,7 @@ function setNick(nick) {
 	state.nick = nick
 	localStorage.setItem('polymux-webchat-nick', nick)
 	$('#me-name').textContent = nick
+	$('#me-initial').textContent = [...nick][0] ?? ''
 	const joined = [...state.rooms.values()].filter(view => view.state === 'joined' && view.nick !== nick)
 	if (joined.length) alertLine(`Changing your nick to ${nick} in ${joined.map(v => `#${v.room}`).join(', ')}…`, 'info', 'nick')
 	for (const view of joined) {
@@ -1037,6 +1043,7 @@ function nickChanged() {
 		alertLine(`You are ${state.nick} in ${where(joined.filter(v => !stuck.includes(v)))}, but still ${why}.`, 'bad', 'nick')
 	}
 	$('#me-name').textContent = state.nick
+	$('#me-initial').textContent = [...state.nick][0] ?? ''
 	drawComposer()
 	drawMembers()
 }
