@@ -443,7 +443,9 @@ async def test_offline_and_back(
                 if phone:  # a strip of its own, short enough for one line
                     assert re.fullmatch(r"Offline\. Retrying in \d+ s\.\s+Retry now", status), status
                 else:
-                    assert re.fullmatch(r"Connection lost\. Trying again in \d+ s\.\s+Retry now", status), status
+                    assert re.fullmatch(r"Connection lost\. Trying again in \d+ s\.\s+Retry now", status), (
+                        status
+                    )
                 await check_layout(page, screen, 4)  # nothing sticks out, every control big enough
 
                 # 7. Offline, as a person sees it.

@@ -358,7 +358,8 @@ class ReconnectingChatClient:
             # The channel ended without a word: a server going away ends its channels
             # first, then the session. Give it a moment to tell them apart.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.wait_closed(), self.ping_timeout)
+                async with asyncio.timeout(self.ping_timeout):
+                    await session.wait_closed()
         if lost.done() or session.is_closed:
             self._give_up_connection(lost, _why(session, None))
             return
@@ -397,11 +398,12 @@ class ReconnectingChatClient:
                 continue
             self._heard_event.clear()
             asked = time.monotonic()
-            with contextlib.suppress(ConnectionError, PolymuxError, KeyError):
-                await asyncio.wait_for(client.send(rooms[0], {"type": "ping"}), self.ping_timeout)
-            left = self.ping_timeout - (time.monotonic() - asked)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heard_event.wait(), max(0.0, left))
+            # The answer (or anything else) within ping_timeout; a send stuck on a dead
+            # connection's flow control counts against the same time.
+            with contextlib.suppress(TimeoutError, ConnectionError, PolymuxError, KeyError):
+                async with asyncio.timeout(self.ping_timeout):
+                    await client.send(rooms[0], {"type": "ping"})
+                    await self._heard_event.wait()
             if self._heard < asked and not self._events.full():
                 silent = time.monotonic() - self._heard
                 self._give_up_connection(lost, f"no answer from the server for {silent:.0f} s")

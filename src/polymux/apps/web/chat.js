@@ -641,8 +641,7 @@ function closeRoom(view, reason) {
 	view.pending.clear()
 	const rejoin = element('button', { type: 'button', className: 'rejoin' }, 'Rejoin')
 	rejoin.addEventListener('click', () => join(view.room))
-	const item = notice(view, `#${view.room} is closed: ${reason}.`, 'closed')
-	item.append(rejoin)
+	notice(view, `#${view.room} is closed: ${reason}.`, 'closed', rejoin)
 	drawTab(view)
 	if (state.active === view.room) {
 		drawComposer()
@@ -736,8 +735,8 @@ function fileNotice(view, record) {
 	place(view, item, { history: record.history, fresh: !own && !record.history, seq: record.seq })
 }
 
-function notice(view, text, kind = '') {
-	const item = element('li', { className: `notice ${kind}`.trim(), title: new Date().toLocaleString() }, clock(new Date()), element('span', { className: 'text' }, text))
+function notice(view, text, kind = '', action = null) {
+	const item = element('li', { className: `notice ${kind}`.trim(), title: new Date().toLocaleString() }, clock(new Date()), element('span', { className: 'text' }, text), action)
 	place(view, item)
 	return item
 }
