@@ -26,7 +26,7 @@ import pytest
 
 import polymux
 from cli.procs import Proc, Procs
-from polymux.apps.chat import ChatClient, ChatServer, History
+from polymux.apps.chat import ChatClient, ChatServer, History, Member
 from polymux.apps.chatclient import Backoff, ReconnectingChatClient
 
 from .cutproxy import CutProxy
@@ -281,6 +281,24 @@ async def test_ping_typing_and_bad_ids() -> None:
             assert error["refused"] == "say" and "message id is a string of 1 to 64" in error["message"]
             with pytest.raises(ValueError, match="token must be 16 to 128 printable ASCII"):
                 await ChatClient(s2, "cat").join("lobby", token="short")
+
+
+async def test_typing_never_costs_a_seat() -> None:
+    """A member whose queue is half full gets no typing notices: they never push anyone
+    towards the slow-member policy."""
+    server = ChatServer(log=lambda line: None, queue_size=4)
+    writer: Any = None  # the members are not written to here
+    busy = Member("busy", "lobby", "test", writer, asyncio.Queue(4))
+    idle = Member("idle", "lobby", "test", writer, asyncio.Queue(4))
+    typist = Member("typist", "lobby", "test", writer, asyncio.Queue(4))
+    server.rooms["lobby"] = {m.nick: m for m in (busy, idle, typist)}
+    for _ in range(2):
+        busy.queue.put_nowait({"type": "msg"})
+    server._typing(typist)
+    server._typing(typist)  # within a second: not again
+    assert (busy.queue.qsize(), idle.queue.qsize(), typist.queue.qsize()) == (2, 1, 0)
+    assert idle.queue.get_nowait() == {"type": "typing", "room": "lobby", "nick": "typist"}
+    assert server.evicted == 0
 
 
 # -- the reconnecting client -------------------------------------------------------------------

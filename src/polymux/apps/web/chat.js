@@ -358,7 +358,8 @@ function drawComposer() {
 	const ready = Boolean(view && view.state === 'joined' && state.session)
 	$('#text').disabled = !ready
 	$('#attach').disabled = !state.session
-	$('#send').disabled = !ready || !$('#text').value.trim()
+	const draft = $('#text').value
+	$('#send').disabled = !ready || !draft.trim() || (draft.length > MAX_TEXT / 2 && Boolean(tooLong(draft)))
 	let hint = 'Message'
 	if (view && !state.session) hint = 'Reconnecting…'
 	else if (view && view.state === 'closed') hint = `#${short(view.room, 14)} is closed: Rejoin above`
