@@ -241,13 +241,19 @@ class ReconnectingChatClient:
                 await self._supervisor
         client, session = self.client, self.session
         self._stop_tasks()
-        if client is not None:
-            for room in list(client.channels):
-                with contextlib.suppress(Exception):
-                    await client.leave(room)
-        if session is not None:
-            with contextlib.suppress(Exception):
-                await session.aclose()
+        try:
+            # A dead connection's flow control could hold the goodbyes: bounded.
+            async with asyncio.timeout(self.join_timeout):
+                if client is not None:
+                    for room in list(client.channels):
+                        with contextlib.suppress(ConnectionError, PolymuxError):
+                            await client.leave(room)
+                if session is not None:
+                    with contextlib.suppress(ConnectionError, PolymuxError):
+                        await session.aclose()
+        except TimeoutError:
+            if session is not None:
+                session.abort()
         self._finish()
 
     # -- inside ------------------------------------------------------------------------------

@@ -488,8 +488,8 @@ async function enter(view, { again = false } = {}) {
 			view.focus = false
 		}
 		save()
+		view.catching = catchUp ? -1 : 0 // what we said is sent again once the catch-up is in
 		readRoom(view, channel, reader)
-		resend(view, channel)
 	} catch (error) {
 		if (state.rooms.get(room) !== view || view.ticket !== ticket) return
 		if (!error.refused && (error.code === 'closed' || !state.session)) {
@@ -520,8 +520,14 @@ async function enter(view, { again = false } = {}) {
 	}
 }
 
+/** One record of the catch-up is in: after the last one, send again what is still pending. */
+function caughtOne(view) {
+	if (view.catching > 0 && --view.catching === 0) resend(view, view.channel)
+}
+
 /** What we said and did not see come back (the connection went meanwhile): sent again with
- * the same id once the room is joined again; the server relays an id once. */
+ * the same id once the room has caught up (what came back in the catch-up is not sent
+ * again); the server relays an id once. */
 async function resend(view, channel) {
 	for (const [id, said] of view.pending) {
 		if (view.channel !== channel) return
@@ -625,6 +631,8 @@ function caughtUp(view, record) {
 		divider(view, `${plural(record.missed, 'message')} while you were offline`, 'missed-mark')
 		view.away = true // that line says it; no "New since you left" line on top
 	}
+	view.catching = record.missed > 0 ? record.missed : 0
+	if (!view.catching) resend(view, view.channel)
 }
 
 /** The server closed the room (or refused a join again): the tab stays, with the reason. */
@@ -669,6 +677,11 @@ function bubble(view, { nick, own, date, body, className, data }) {
 }
 
 function message(view, record) {
+	showMessage(view, record)
+	if (record.missed) caughtOne(view) // after: ours, confirmed, is not sent again
+}
+
+function showMessage(view, record) {
 	const key = `${view.epoch}/${record.seq}`
 	if (view.seen.has(key)) return // history we have shown already (a room joined again)
 	if (!record.history && record.seq <= view.last) return // shown already: each message once
@@ -715,6 +728,11 @@ function confirmed(view, id, seq) {
 }
 
 function fileNotice(view, record) {
+	showFile(view, record)
+	if (record.missed) caughtOne(view)
+}
+
+function showFile(view, record) {
 	const key = `${view.epoch}/${record.seq}`
 	if (view.seen.has(key)) return
 	if (!record.history && record.seq <= view.last) return
