@@ -198,7 +198,14 @@ async def test_layout_fits_the_screen(
                    .filter(t => t.getBoundingClientRect().width > 0)
                    .map(t => [t.textContent, t.dateTime])"""
             )
-            assert len(times) == 2, times
+            runs = await page.evaluate(
+                """[...document.querySelectorAll('ol[data-room=lobby] li.msg')].filter(li => {
+                    const p = li.previousElementSibling
+                    return !p || !p.matches('li.msg') || p.dataset.nick !== li.dataset.nick || p.dataset.minute !== li.dataset.minute
+                }).length"""
+            )
+            # 2 (term's, ours), or 3 if term's three straddled a minute's end.
+            assert len(times) == runs and runs <= 3, (times, runs)
             for text, stamp in times:
                 assert re.fullmatch(r"\d{1,2}:\d{2}( [AP]M)?", text), times
                 assert abs(time.time() - time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))) < 86_400

@@ -351,6 +351,8 @@ function drawTab(view) {
 	view.select.title = view.state === 'closed' ? `#${view.room}: closed (${view.reason})` : view.state === 'waiting' ? `#${view.room}: waiting for the connection` : `#${view.room}`
 	const unread = [...state.rooms.values()].reduce((n, v) => n + v.unread, 0)
 	document.title = unread ? `(${unread}) ${TITLE}` : TITLE
+	// The shown room's tab stays in view in the strip (the header's other parts change width).
+	if (state.active === view.room) requestAnimationFrame(() => view.tab.scrollIntoView({ block: 'nearest', inline: 'nearest' }))
 }
 
 function drawComposer() {
@@ -802,7 +804,9 @@ function place(view, item, { history = false, fresh = false, own = false, seq = 
 		const line = element('li', { className: 'divider new-mark', role: 'separator' }, 'New since you left')
 		view.list.insertBefore(line, before)
 	}
+	const after = item.parentNode === view.list ? item.nextElementSibling : null // ours, moving to its place
 	view.list.insertBefore(item, before)
+	if (after) regroup(after) // what followed it may continue the run before it now
 	dayLine(view, item)
 	regroup(item)
 	if (item.nextElementSibling) regroup(item.nextElementSibling)
@@ -898,7 +902,6 @@ function select(room, focus = false) {
 	} else {
 		toBottom()
 	}
-	if (view) view.tab.scrollIntoView({ block: 'nearest', inline: 'nearest' })
 	if (focus && !$('#text').disabled && !state.touch) $('#text').focus()
 	save()
 }
