@@ -257,6 +257,10 @@ async def main(args: argparse.Namespace) -> int:
         state.show(f"chat: {state.ended or 'disconnected'}")
         return EXIT_FAILED
     await client.close()
+    # What came before we left is shown (the reader ends once it has taken it all).
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await asyncio.shield(reader)
     reader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reader
