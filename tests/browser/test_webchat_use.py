@@ -241,9 +241,18 @@ async def test_a_conversation(browser: Browser, webchat: WebChatServer, artifact
             await page.evaluate(
                 "(b => { b.scrollTop = 0; b.dispatchEvent(new Event('scroll')) })(document.querySelector('#messages'))"
             )
+            # A notice does not move the list either; the pill offers the newest.
+            s3, cat = await terminal(webchat, "cat")
+            async with s3:
+                await cat.join("lobby")
+                pill = await page.wait_for(
+                    "(p => !p.hidden && p.textContent)(document.querySelector('#new-pill'))"
+                )
+                assert pill == "↓ Latest"
+                assert await page.evaluate("document.querySelector('#messages').scrollTop") == 0
             await term.say("lobby", "while you read back")
             pill = await page.wait_for(
-                "(p => !p.hidden && p.textContent)(document.querySelector('#new-pill'))"
+                "(p => !p.hidden && p.textContent.includes('new') && p.textContent)(document.querySelector('#new-pill'))"
             )
             assert pill == "↓ 1 new message"
             assert await page.evaluate("document.querySelector('#messages').scrollTop") == 0  # did not move

@@ -329,6 +329,7 @@ function makeView(room) {
 		typedAt: 0, // when we last told the room that we are typing
 		unread: 0,
 		below: 0, // messages that came while the list was scrolled up (the "new messages" pill)
+		belowNotices: 0, // notices that came meanwhile (the pill shows, without counting them)
 		away: false, // a "New since you left" line was put for the messages coming now
 		scroll: null, // the list's scroll position while another room is shown
 		list: element('ol', { 'data-room': room, hidden: true }),
@@ -816,7 +817,9 @@ function place(view, item, { history = false, fresh = false, own = false, seq = 
 		box.scrollTop = box.scrollHeight
 		state.pinned = true
 	} else if (fresh || item.classList.contains('notice')) {
-		view.below++
+		// Scrolled back: what comes does not move what you read (connection notices neither).
+		if (fresh) view.below++
+		else view.belowNotices++
 		drawPill(view)
 	}
 	if (looking(view) && seq) view.read = Math.max(view.read, seq)
@@ -851,8 +854,8 @@ function bump(view) {
 
 function drawPill(view) {
 	const pill = $('#new-pill')
-	pill.hidden = !view || view.below === 0 || state.pinned
-	if (!pill.hidden) pill.textContent = `↓ ${plural(view.below, 'new message')}`
+	pill.hidden = !view || view.below + view.belowNotices === 0 || state.pinned
+	if (!pill.hidden) pill.textContent = view.below ? `↓ ${plural(view.below, 'new message')}` : '↓ Latest'
 }
 
 function toBottom() {
@@ -860,7 +863,7 @@ function toBottom() {
 	box.scrollTop = box.scrollHeight
 	state.pinned = true
 	const view = state.rooms.get(state.active)
-	if (view) view.below = 0
+	if (view) view.below = view.belowNotices = 0
 	drawPill(view)
 }
 
@@ -868,7 +871,7 @@ function onScroll() {
 	const box = $('#messages')
 	state.pinned = box.scrollTop + box.clientHeight >= box.scrollHeight - 24
 	const view = state.rooms.get(state.active)
-	if (view && state.pinned) view.below = 0
+	if (view && state.pinned) view.below = view.belowNotices = 0
 	drawPill(view)
 }
 
@@ -887,7 +890,7 @@ function select(room, focus = false) {
 		view.select.setAttribute('aria-selected', String(on))
 		if (on) {
 			view.unread = 0
-			view.below = 0
+			view.below = view.belowNotices = 0
 			if (!document.hidden) view.read = view.last
 		}
 		drawTab(view)
