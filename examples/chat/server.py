@@ -14,6 +14,10 @@ The page, its data and its WebSocket answer only requests sent to localhost, a
 loopback address or the address the server listens on (against DNS rebinding);
 --allow-host NAME adds a name (repeatable), e.g. the machine's name on the LAN.
 
+Each room numbers its messages and keeps its last --history of them: a client that
+comes back after a lost connection gets what it missed, once and in order, and is told
+how many the room no longer held (polymux.apps.chat).
+
 A slow client never stalls a room: each member has a bounded queue (--queue
 messages) and its own writer; when the queue is full the --policy applies:
 disconnect (default; the member's channel is reset with the reason and the room is
@@ -190,7 +194,7 @@ def parse_args() -> argparse.Namespace:
         "--history",
         type=int,
         default=100,
-        help="recent messages kept per room for pages that join (default 100)",
+        help="recent messages kept per room, for pages that join and clients that come back (default 100)",
     )
     parser.add_argument(
         "--max-upload", type=size, default=None, metavar="SIZE", help="largest upload (e.g. 1GiB)"
