@@ -621,7 +621,8 @@ class SessionCore:
     def close_channel(self, handle: int) -> None:
         """``close()``: finish writing after the queued data and stop reading (what still
         arrives is dropped, its credit returned); reset if the peer does not end its side
-        within ``close_timeout``."""
+        within ``close_timeout``, or takes none of the queued data for that long (while
+        it takes some, the deadline moves on: closing never drops data a peer reads)."""
         channel = self.channels.get(handle)
         if channel is None or channel.receiving.closed:
             return
@@ -636,6 +637,7 @@ class SessionCore:
             self.ack(handle, n)
         self.lifecycle.set_slow(channel, False)
         self.write_eof(handle)
+        channel.progress = 0
         self.table.add_timer(self.now + self.config.close_timeout, Timer.CLOSE, handle)
 
     def reset(self, handle: int, message: str | None = None) -> None:
