@@ -9,6 +9,11 @@ Quick start::
 
 from __future__ import annotations
 
+from polymux import _speedups
+
+
+_speedups.install()  # before any module of the data plane: compiled, or its pure-Python twin
+
 from polymux._types import CaptureFactory, CaptureSink
 from polymux.aio import (
     ChannelProtocols,

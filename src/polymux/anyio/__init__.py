@@ -252,7 +252,7 @@ class AnyioChannel(ByteStream):
                 raise _broken(self._error)
             self._readable = anyio.Event()
             if inbox is not None:
-                inbox.waiting = True
+                inbox.waits()
             await self._readable.wait()
         data = inbox.take(max_bytes)
         if self._core.plane.reports:  # credit (and the budget) are due

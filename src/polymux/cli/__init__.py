@@ -21,6 +21,12 @@ __all__ = ["main"]
 _SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "forward", "decode", "bench", "analyze")
 
 
+def _version() -> str:
+    from polymux import __version__, _speedups
+
+    return f"polymux {__version__}, data plane: {_speedups.path()}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
@@ -28,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Many byte channels over one connection, in real multiplexing formats.",
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action="version",
+        version=_version(),
+        help="print polymux's version and the path its data plane runs on, and exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:

@@ -104,6 +104,7 @@ class Inbox:
         "pending",
         "plane",
         "report_at",
+        "report_on_wait",
         "reporting",
         "size",
         "unconsumed",
@@ -120,6 +121,9 @@ class Inbox:
         self.pending = 0
         self.report_at = 1
         """Report consumption once :attr:`pending` reaches this (the core sets it)."""
+        self.report_on_wait = False
+        """Report what was consumed when the reader waits (:attr:`report_at` is an
+        estimate: ``Engine.credit_estimated``)."""
         self.behind_at = 1 << 62
         """Unconsumed bytes past which the reader is behind (formats without credit:
         ``receive_window``; the core sets it)."""
@@ -173,6 +177,13 @@ class Inbox:
         for part in more:
             parts.append(bytes(part))
         self.size += n
+
+    def waits(self) -> None:
+        """The reader waits for data: wake it when some arrives (and report what it
+        consumed, where :attr:`report_on_wait`)."""
+        self.waiting = True
+        if self.report_on_wait and self.pending:
+            self.plane.report(self)
 
     def take_all(self) -> list[BytesLike]:
         """Every part, not consumed yet (the reader moves them into its own buffer)."""

@@ -321,6 +321,7 @@ class SessionCore:
         if not channel.receiving.closed:
             self.engine.attach_inbox(handle, inbox)
         inbox.report_at = self._report_at(handle)
+        inbox.report_on_wait = self.engine.credit_estimated
         return inbox
 
     def _report_at(self, handle: int) -> int:
