@@ -371,10 +371,7 @@ class MStreamEngine(Engine[MStreamRecord]):
 
     def _writable(self, channel: int) -> MStreamRecord:
         record = self._channels.get(channel)
-        if record is not None and record.state in self._tables[record.local_origin].sending:
-            if not record.stopped_reading:
-                return record
-        else:
+        if record is None or record.state not in self._tables[record.local_origin].sending:
             record = super()._writable(channel)  # raises the table's refusal
         if record.stopped_reading:
             raise RuntimeError(
