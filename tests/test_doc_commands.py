@@ -30,7 +30,19 @@ from polymux.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])
 
-SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
+SUBCOMMANDS = (
+    "webchat",
+    "chat",
+    "send",
+    "receive",
+    "demo",
+    "serve",
+    "connect",
+    "bridge",
+    "decode",
+    "bench",
+    "analyze",
+)
 
 # (regex on the start of a command line, the program it runs, words put before the rest)
 PREFIXES: list[tuple[re.Pattern[str], str, list[str]]] = [
@@ -39,6 +51,7 @@ PREFIXES: list[tuple[re.Pattern[str], str, list[str]]] = [
     (re.compile(r"^(?:\S*/)?python3? -m polymux\b"), "polymux", []),
     (re.compile(r"^(?:\S*/)?polymux\b"), "polymux", []),
     (re.compile(r"^scripts/demo\b"), "polymux", ["demo"]),
+    (re.compile(r"^scripts/webchat\b"), "polymux", ["webchat"]),
     (re.compile(r"^(?:\S*/)?python3? -m benchmarks(?=\s|$)"), "benchmarks", []),
 ]
 

@@ -267,14 +267,15 @@ def add_address_options(parser: argparse.ArgumentParser, *, required: bool = Tru
     group.add_argument("--unix", metavar="PATH", help="unix socket path")
 
 
-def add_session_options(parser: argparse.ArgumentParser) -> None:
-    """``--protocol``, ``--window``, ``--uvloop``."""
+def add_session_options(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--protocol`` (required, unless it has a ``default``), ``--window``, ``--uvloop``."""
     parser.add_argument(
         "--protocol",
-        required=True,
+        required=default is None,
+        default=default,
         choices=polymux.PROTOCOLS,
         metavar="PROTOCOL",
-        help=f"wire format: {', '.join(polymux.PROTOCOLS)}",
+        help=f"wire format: {', '.join(polymux.PROTOCOLS)}" + (f" (default {default})" if default else ""),
     )
     parser.add_argument(
         "--window",

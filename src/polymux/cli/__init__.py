@@ -18,7 +18,19 @@ from polymux.apps.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
+_SUBCOMMANDS = (
+    "webchat",
+    "chat",
+    "send",
+    "receive",
+    "demo",
+    "serve",
+    "connect",
+    "bridge",
+    "decode",
+    "bench",
+    "analyze",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
