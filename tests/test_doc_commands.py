@@ -158,7 +158,7 @@ def commands() -> Iterator[tuple[str, str, str, list[str]]]:
                 # Output lines ("polymux demo: 16 files ..."), prose ("polymux (or python -m
                 # polymux) has ...") and a bare name in a span ("`polymux serve`") are not
                 # command lines.
-                if not head or head[0] not in (*SUBCOMMANDS, "--help", "-h"):
+                if not head or head[0] not in (*SUBCOMMANDS, "--help", "-h", "--version", "-V"):
                     continue
                 if not in_block and len(rest.split()) < 2:
                     continue

@@ -10,6 +10,7 @@ Quick start::
 from __future__ import annotations
 
 from polymux._types import CaptureFactory, CaptureSink
+from polymux._version import __version__
 from polymux.aio import (
     ChannelProtocols,
     ChannelTransport,
@@ -41,8 +42,6 @@ from polymux.exceptions import (
 )
 from polymux.formats import PROTOCOLS
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "PROTOCOLS",

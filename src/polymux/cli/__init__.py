@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from polymux._extras import missing_extra
+from polymux._version import __version__
 from polymux.apps.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS
 
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("-V", "--version", action="version", version=f"polymux {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
         try:
