@@ -9,8 +9,8 @@ from typing import Any
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
-from polymux.exceptions import SessionClosed
 from polymux.formats import Format, resolve
+from polymux.session.diagnosis import handshake_timed_out
 
 
 __all__ = ["connect", "connect_unix", "over"]
@@ -42,10 +42,9 @@ async def _ready(mux: MuxProtocol) -> Session:
         async with asyncio.timeout(mux.config.handshake_timeout):
             await asyncio.shield(mux.ready)
     except TimeoutError:
+        error = handshake_timed_out(mux.core, mux.config.handshake_timeout)  # what the peer sent, if anything
         _give_up(mux)
-        raise SessionClosed(
-            f"{mux.engine.format}: no handshake from the peer within {mux.config.handshake_timeout} s"
-        ) from None
+        raise error from None
     except BaseException:  # the handshake failed, or the caller gave up (cancelled, timed out)
         _give_up(mux)
         raise
