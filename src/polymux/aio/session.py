@@ -115,6 +115,7 @@ class MuxProtocol(asyncio.Protocol):
             offer_filter=offer_filter,
             has_handler=handler is not None,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self._handler = handler
         check_handler(self.engine.format, self.engine.one_way, handler)

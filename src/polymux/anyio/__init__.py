@@ -386,6 +386,7 @@ class AnyioSession:
             _clock(),
             offer_filter=offer_filter,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
