@@ -732,6 +732,11 @@ class MuxProtocol(asyncio.Protocol):
         if core.failed:
             return
         while not self._write_paused:
+            if transport.is_closing():
+                # The socket failed (a dead peer: EPIPE, ECONNRESET) or is closing: its
+                # connection_lost is on its way. asyncio logs "socket.send() raised
+                # exception." for every write from the fifth on; the core ends anyway.
+                break
             out = core.data_to_send()
             if not out:
                 break
