@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from polymux._types import CaptureFactory
 
 
-__all__ = ["SessionConfig"]
+__all__ = ["COMPATIBILITY_FIELDS", "SessionConfig", "SessionOptions", "suggest"]
+
+COMPATIBILITY_FIELDS = (
+    "max_receive_window",
+    "window_budget",
+    "streamux_id_bits",
+    "streamux_length_bits",
+    "streamux_quick_init",
+    "streamux_response_hold",
+    "streamux_hold_budget",
+    "streamux_early_responses",
+    "smux_peer_buffer",
+)
+"""The fields kept for compatibility that set one format's typed option (its
+``FormatOptions.legacy``); on another format they would do nothing, so
+:func:`polymux.formats.resolve` refuses them there."""
+
+
+def suggest(name: str, names: Any) -> str:
+    """``"; did you mean 'x'?"`` for the names close to ``name`` (a typo, a prefix:
+    ``keepalive`` -> ``keepalive_interval`` or ``keepalive_timeout``), else ``""``."""
+    names = sorted(names)
+    close = [n for n in names if n.startswith(name)] if len(name) >= 4 else []
+    close = close or difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(n) for n in close[:2]) + "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,9 +324,63 @@ class SessionConfig:
 
     @classmethod
     def from_options(cls, config: SessionConfig | None = None, **options: Any) -> SessionConfig:
-        """Return ``config`` (or the defaults) with ``options`` applied; unknown names raise."""
+        """Return ``config`` (or the defaults) with ``options`` applied.
+
+        Raises:
+            TypeError: an unknown name, with the closest ones ("unknown session option
+                'keepalive'; did you mean 'keepalive_interval' or 'keepalive_timeout'?").
+            ValueError: a value the field does not take.
+        """
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise TypeError(f"unknown session option(s): {', '.join(unknown)}")
+            raise TypeError(
+                f"unknown session option {unknown[0]!r}{suggest(unknown[0], names)}"
+                + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
+            )
         return replace(config or cls(), **options)
+
+
+class SessionOptions(TypedDict, total=False):
+    """The :class:`SessionConfig` fields as keyword options (``polymux.connect(...,
+    receive_window=...)``): what ``**options`` of the API's entry points take, so that type
+    checkers see a misspelt or mistyped option. Each is documented on the field."""
+
+    receive_window: int
+    ack_min: int
+    max_channels: int
+    accept_backlog: int
+    write_buffer_high: int
+    write_buffer_low: int | None
+    stream_limit: int
+    batch_bytes: int
+    handshake_timeout: float
+    close_timeout: float
+    max_receive_window: int | None
+    window_budget: int | None
+    keepalive_interval: float | None
+    keepalive_timeout: float
+    stall_timeout: float | None
+    idle_timeout: float | None
+    stream_open_timeout: float
+    max_unacked_opens: int
+    streamux_id_bits: tuple[int, int, int] | None
+    streamux_length_bits: tuple[int, int, int] | None
+    streamux_quick_init: str | None
+    streamux_response_hold: int | None
+    streamux_hold_budget: int | None
+    streamux_early_responses: bool | None
+    omnistreams_numbering: str | None
+    max_message_size: int | None
+    send_frame: int
+    slow_reader: str
+    slow_reader_timeout: float
+    max_inbound_channels: int
+    max_outbound_channels: int
+    inbound_channel_rate: float
+    max_session_memory: int
+    smux_peer_buffer: int | None
+    max_queued_control: int
+    send_timeout: float | None
+    max_name_bytes: int
+    capture: CaptureFactory | None

@@ -28,9 +28,7 @@ async def test_no_write_after_a_send_failed(protocol: str, caplog: pytest.LogCap
     session ends, and asyncio has nothing to warn about."""
     caplog.set_level(logging.WARNING, logger="asyncio")
     async with await polymux.start_server(_hold, "127.0.0.1", 0, protocol=protocol) as server:
-        session = await polymux.connect(
-            "127.0.0.1", server.port, protocol=protocol, receive_window=16 << 20, keepalive_interval=None
-        )
+        session = await polymux.connect("127.0.0.1", server.port, protocol=protocol, keepalive_interval=None)
         channels = [await session.open_channel(f"c{i}") for i in range(8)]
         session.get_extra_info("socket").shutdown(socket.SHUT_WR)
         for _reader, writer in channels:

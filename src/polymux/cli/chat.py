@@ -52,6 +52,7 @@ from polymux.apps.common import (
     Address,
     NoSession,
     add_session_options,
+    check_session_options,
     connect,
     conversation_options,
     format_bytes,
@@ -125,6 +126,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``polymux chat``: the server with --server, else the client."""
+    try:
+        check_session_options(args.protocol, session_options(args))
+    except (ValueError, TypeError) as exc:
+        args.parser.error(str(exc))
     if args.server:
         check_server_args(args.parser, args, given=_given(args, CLIENT_OPTIONS), mode="--server")
         if args.web:

@@ -27,6 +27,7 @@ from polymux.apps.common import (
     EXIT_STATUS,
     add_address_options,
     add_session_options,
+    check_session_options,
     conversation_options,
     listen,
     listening_on,
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``polymux receive``."""
     try:
         parse_address(args.tcp, args.unix)
-    except ValueError as exc:
+        check_session_options(args.protocol, session_options(args))
+    except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
     return run_loop(receive(args), use_uvloop=args.uvloop)
 

@@ -28,6 +28,7 @@ from polymux.apps.common import (
     NoSession,
     add_address_options,
     add_session_options,
+    check_session_options,
     connect,
     parse_address,
     peer_mismatch,
@@ -68,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
     """Run ``polymux send``."""
     try:
         parse_address(args.tcp, args.unix)
+        check_session_options(args.protocol, session_options(args))
         if args.as_name is not None and len(args.paths) != 1:
             raise ValueError("--as NAME needs exactly one file")
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
     if args.parallel < 1:
         args.parser.error("--parallel must be >= 1")

@@ -22,7 +22,13 @@ from __future__ import annotations
 import argparse
 
 from polymux._extras import require
-from polymux.apps.common import EXIT_STATUS, add_session_options, run as run_loop
+from polymux.apps.common import (
+    EXIT_STATUS,
+    add_session_options,
+    check_session_options,
+    run as run_loop,
+    session_options,
+)
 from polymux.cli.chat import (
     DEFAULT_PROTOCOL,
     DEFAULT_TCP,
@@ -62,5 +68,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``polymux webchat``."""
     check_server_args(args.parser, args)
+    try:
+        check_session_options(args.protocol, session_options(args))
+    except (ValueError, TypeError) as exc:
+        args.parser.error(str(exc))
     require("websockets", "polymux webchat")  # before listening: one line, not a half-started server
     return run_loop(run_server(args), use_uvloop=args.uvloop)
