@@ -12,6 +12,7 @@ from __future__ import annotations
 from polymux._types import CaptureFactory, CaptureSink
 from polymux._version import __version__
 from polymux.aio import (
+    Channel,
     ChannelProtocols,
     ChannelTransport,
     Server,
@@ -20,6 +21,7 @@ from polymux.aio import (
     connect_unix,
     connect_websocket,
     over,
+    reset,
     serve_websocket,
     start_server,
     start_unix_server,
@@ -48,6 +50,7 @@ __all__ = [
     "Bridge",
     "CaptureFactory",
     "CaptureSink",
+    "Channel",
     "ChannelClosedError",
     "ChannelError",
     "ChannelOverflow",
@@ -72,6 +75,7 @@ __all__ = [
     "connect_unix",
     "connect_websocket",
     "over",
+    "reset",
     "serve_websocket",
     "start_server",
     "start_unix_server",

@@ -60,12 +60,12 @@ async def test_the_detectors_head_decoder_agrees_with_the_frame_decoder(fmt: str
     rec = await record_session(fmt, tmp_path, sizes=(100, 70_000))
     for size in (5, 12, 64, 256, 4096):
         c2s, s2c = _heads(rec.client.chunks, size)
-        for heads in ({"c2s": c2s}, {"s2c": s2c}, {"c2s": c2s, "s2c": s2c}):
-            chunks = [(0, d, data) for d, data in heads.items() if data]
+        for given in ({"c2s": c2s}, {"s2c": s2c}, {"c2s": c2s, "s2c": s2c}):
+            chunks = [(0, d, data) for d, data in given.items() if data]
             expected = list(decode_chunks(fmt, chunks, session="detect", one_way=True))
-            records, violation = decode_heads(get(fmt), heads)
-            assert violation is None and not any(r.frame_type == "violation" for r in expected), (size, heads)
-            assert shape(records) == shape(expected), (size, list(heads))
+            records, violation = decode_heads(get(fmt), given)
+            assert violation is None and not any(r.frame_type == "violation" for r in expected), (size, given)
+            assert shape(records) == shape(expected), (size, list(given))
 
 
 def test_nothing_to_go_on() -> None:
