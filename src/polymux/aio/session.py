@@ -21,6 +21,7 @@ from polymux._types import CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
 from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
+from polymux.aio.streams import Channel
 from polymux.config import SessionConfig
 from polymux.engine import Engine
 from polymux.exceptions import SessionClosed
@@ -86,7 +87,7 @@ def check_handler(fmt: str, one_way: bool, handler: ChannelHandler | None) -> No
 OfferFilter = Callable[[str], bool]
 """``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
 
-StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+StreamPair = Channel  # a (reader, writer) tuple, and an async context manager that closes it
 
 
 class MuxProtocol(asyncio.Protocol):
@@ -464,7 +465,9 @@ class MuxProtocol(asyncio.Protocol):
             self._attach_protocol(channel, handler)
             return
         reader, protocol = self._stream(channel)
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(channel, protocol, reader, self.loop)))
+        self._deliver(
+            name, handle, Channel(reader, asyncio.StreamWriter(channel, protocol, reader, self.loop))
+        )
 
     def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
         """The peer opened a stream pair (the core answered it): read ``handle``, write
@@ -476,7 +479,7 @@ class MuxProtocol(asyncio.Protocol):
         self._channels[reply] = out
         _out_reader, protocol = self._stream(out)
         out.partner = inbound
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
+        self._deliver(name, handle, Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
 
     def _deliver(self, name: str, handle: int, pair: StreamPair) -> None:
         """An incoming ``(reader, writer)``: to the handler, or to ``accept_channel``."""
@@ -637,7 +640,7 @@ class MuxProtocol(asyncio.Protocol):
             out.abort()
             raise
         out.partner = inbound
-        return reader, asyncio.StreamWriter(out, protocol, reader, self.loop)
+        return Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop))
 
     def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
         """Our pair got its second half (ours to read), or failed."""
@@ -950,7 +953,7 @@ class Session:
         protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
-        return reader, writer
+        return Channel(reader, writer)
 
     async def open_pair(self, name: str = "") -> StreamPair:
         """A bidirectional ``(reader, writer)`` on any format. On omnistreams, whose streams
