@@ -21,7 +21,7 @@ __all__ = ["Channel", "reset"]
 def reset(writer: asyncio.StreamWriter, reason: str | None = None) -> None:
     """Terminate the channel of ``writer`` at once, both directions (unsent data is
     dropped), telling the peer ``reason`` where the format carries one (MultiplexingStream
-    v2/v3, multiplex: its reader gets :class:`~polymux.ChannelReset` with ``.message``).
+    v2/v3, multiplex: its reader gets :class:`~polymux.exceptions.ChannelReset` with ``.message``).
     The typed spelling of ``writer.transport.reset(reason)``.
 
     Raises:

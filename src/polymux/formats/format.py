@@ -91,7 +91,7 @@ class Format:
     versions: tuple[str, ...] = ()
     """The other versions of this protocol polymux speaks (``smux``: ``smux-v2``): a peer
     configured with one of them may close the connection without a word, so the diagnosis
-    of a peer that did (:func:`polymux.session.diagnosis.diagnose`) names them."""
+    of a peer that did (:func:`polymux.tracing.diagnose`) names them."""
 
     def make_engine(
         self, config: SessionConfig | None = None, *, is_client: bool = True, message_mode: bool = False
