@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 from polymux._extras import require
 
@@ -35,7 +35,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, SessionOptions
 from polymux.engine import Engine
 from polymux.engine.plane import Inbox
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
@@ -395,6 +395,7 @@ class AnyioSession:
             _clock(),
             offer_filter=offer_filter,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
@@ -923,7 +924,7 @@ async def session(
     config: SessionConfig | None = None,
     offer_filter: Callable[[str], bool] | None = None,
     first_frame_deadline: bool | None = None,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> AsyncIterator[AnyioSession]:
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
     the ``async with`` block; on either anyio backend.

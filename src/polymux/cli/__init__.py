@@ -13,16 +13,30 @@ import sys
 from collections.abc import Sequence
 
 from polymux._extras import missing_extra
+from polymux._version import __version__
 from polymux.apps.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS
 
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "forward", "decode", "bench", "analyze")
+_SUBCOMMANDS = (
+    "webchat",
+    "chat",
+    "send",
+    "receive",
+    "demo",
+    "serve",
+    "connect",
+    "bridge",
+    "forward",
+    "decode",
+    "bench",
+    "analyze",
+)
 
 
 def _version() -> str:
-    from polymux import __version__, _speedups
+    from polymux import _speedups
 
     return f"polymux {__version__}, data plane: {_speedups.path()}"
 

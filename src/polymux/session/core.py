@@ -53,6 +53,7 @@ from polymux.session import events as ce
 from polymux.session.budget import BACKLOG, Budget, Pressure
 from polymux.session.channels import NO_QUEUE, ChannelTable, CoreChannel, Sending, Step, Timer
 from polymux.session.controls import Controls
+from polymux.session.diagnosis import describe_end
 from polymux.session.lifecycle import Lifecycle
 from polymux.session.liveness import BUSY_READ, STALL_TIMEOUT_WITHOUT_CREDIT, Liveness
 from polymux.session.offers import NoRoomToOpen, OfferFilter, Offers
@@ -81,6 +82,8 @@ class SessionCore:
             on formats with no handshake too, it must send a whole frame within
             ``handshake_timeout`` of the connection, or the session ends. A channel we open
             lifts the deadline (the peer may then only listen).
+        is_client: which end of the connection this is, for the errors' words ("the
+            server closed ...") and for judging the peer's first bytes (``None``: unknown).
     """
 
     def __init__(
@@ -92,8 +95,10 @@ class SessionCore:
         offer_filter: OfferFilter | None = None,
         has_handler: bool = False,
         first_frame_deadline: bool = False,
+        is_client: bool | None = None,
     ) -> None:
         self.engine = engine
+        self.is_client = is_client
         self.config = config
         self.format = fmt = engine.format
         self.now = now
@@ -141,6 +146,8 @@ class SessionCore:
         """The connection is gone."""
         self._peer_received = 0  # bytes from the peer, counted up to EARLY
         self._peer_first = b""  # its first FIRST_BYTES bytes
+        self.peer_closed = False
+        """The peer closed the connection first (its end of stream came before ours)."""
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the clocks start (and, without a handshake, the session is
@@ -260,7 +267,7 @@ class SessionCore:
         try:
             events = engine.receive_data(data)
         except ProtocolError as exc:
-            self._fail(mismatch(self.format, exc, self._peer_first) if early else exc)
+            self._fail(mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc)
             return True
         runs = self.runs
         if events or engine.has_output or runs.received:
@@ -362,13 +369,14 @@ class SessionCore:
     def receive_eof(self) -> None:
         """The peer closed its side of the connection: the session is over (the driver
         then reports :meth:`connection_lost`)."""
+        self.peer_closed = not self.closing
         self.closing = True
         try:
             self.engine.receive_eof()
         except ProtocolError as exc:  # the connection ended inside a frame
             if self.error is None:
                 early = 0 < self._peer_received < EARLY  # all it ever sent: a few bytes
-                self.error = mismatch(self.format, exc, self._peer_first) if early else exc
+                self.error = mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc
                 self.failed = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -389,6 +397,7 @@ class SessionCore:
             cause = None
             error = SessionClosed(f"{self.format}: the session's connection was closed")
         error.__cause__ = cause
+        describe_end(self, error, exc)  # how it ended; why, when the peer never spoke the format
         if self.error is None:
             self.error = error
         for channel in list(self.channels.values()):
