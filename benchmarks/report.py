@@ -18,9 +18,9 @@ GO_SUFFIX = ">go"
 
 TARGETS: list[tuple[str, str, list[str], float, str]] = [
     # (scenario, case, formats, minimum ratio, wording)
-    ("bulk", "1 ch", ["yamux", "mplex"], 0.85, "bulk, 1 channel >= 0.85 x raw streams"),
-    ("bulk", "1 ch", ["mstream-v1", "mstream-v2", "mstream-v3"], 0.7, "bulk, 1 channel >= 0.7 x raw streams"),
-    ("bulk", "256 ch", [], 0.8, "bulk, 256 channels >= 0.8 x raw streams"),
+    ("bulk", "1 ch", [], 0.9, "bulk, 1 channel >= 0.9 x raw streams"),
+    ("bulk", "16 ch", [], 0.9, "bulk, 16 channels >= 0.9 x raw streams"),
+    ("bulk", "256 ch", [], 0.9, "bulk, 256 channels >= 0.9 x raw streams"),
     ("messages", "64 B x 1 ch", [], 0.5, "64-byte messages >= 0.5 x raw length-prefixed"),
 ]
 

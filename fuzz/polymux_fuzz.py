@@ -38,7 +38,7 @@ from polymux import PROTOCOLS
 from polymux.config import SessionConfig
 from polymux.engine import Engine, events as ev
 from polymux.exceptions import LimitExceeded, ProtocolError
-from polymux.formats import make_engine
+from polymux.formats import get as get_format, make_engine
 
 
 __all__ = [
@@ -67,11 +67,15 @@ CONFIG = SessionConfig(
     receive_window=64 * 1024,
     ack_min=1024,
     max_message_size=256 * 1024,
-    max_receive_window=1024 * 1024,
-    window_budget=8 * 1024 * 1024,
-    streamux_quick_init="allow",
 )
-"""A config with small windows, so flow-control edges are reachable by short inputs."""
+"""A config with small windows, so flow-control edges are reachable by short inputs (yamux's
+own windows: :data:`YAMUX`)."""
+
+YAMUX = {"max_receive_window": 1024 * 1024, "window_budget": 8 * 1024 * 1024}
+"""yamux's own options (``formats.get("yamux").configure(...)``): small, as above."""
+
+STREAMUX = {"quick_init": "allow"}
+"""Streamux's own options: a peer's quick init is accepted (the recorded sessions use it)."""
 
 # Bounds of the memory checks, per input byte (generous constants, linear in the input):
 # the engine's replies (credit, pong, reset, accept, and what we answer on channels the
@@ -99,7 +103,11 @@ def new_engine(fmt: str, *, is_client: bool, config: SessionConfig = CONFIG) -> 
     if fmt == "streamux":
         from polymux.engine.streamux import StreamuxEngine
 
-        return StreamuxEngine(config, random_id=1 if is_client else 2)
+        return StreamuxEngine(
+            config, random_id=1 if is_client else 2, options=get_format("streamux").configure(**STREAMUX).options
+        )
+    if fmt == "yamux":
+        return get_format("yamux").configure(**YAMUX).make_engine(config, is_client=is_client)
     return make_engine(fmt, config, is_client=is_client)
 
 
