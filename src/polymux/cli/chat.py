@@ -93,6 +93,7 @@ __all__ = [
     "add_server_options",
     "check_client_args",
     "check_server_args",
+    "client_options",
     "default_files",
     "describe",
     "register",
@@ -269,6 +270,17 @@ def check_client_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(str(exc))
 
 
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~polymux.apps.chatclient.ReconnectingChatClient` keywords of the client's
+    arguments (checked by :func:`check_client_args`)."""
+    return {
+        "retries": args.retries,
+        "ping_interval": None if args.ping_interval == _PING_OFF else args.ping_interval,
+        "ping_timeout": args.ping_timeout,
+        "history": args.history,
+    }
+
+
 class _State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -418,14 +430,7 @@ async def run_client(args: argparse.Namespace) -> int:
             address, args.protocol, timeout=30 if not client.connections else 10, **session_options(args)
         )
 
-    client = ReconnectingChatClient(
-        open_session,
-        args.nick,
-        retries=args.retries,
-        ping_interval=args.ping_interval or None,  # _PING_OFF: never check
-        ping_timeout=args.ping_timeout,
-        history=args.history,
-    )
+    client = ReconnectingChatClient(open_session, args.nick, **client_options(args))
     try:
         welcomes = await client.start(args.room)
     except NoSession as exc:
