@@ -126,8 +126,8 @@ CLIENT_OPTIONS = (
 """The options of the client alone (refused with --server)."""
 
 SERVER_OPTIONS = ("web", "files", "allow_host", "max_upload", "queue", "policy")
-"""The options of the server alone (refused without --server). --history is both's, with a
-meaning in each."""
+"""The options of the server alone (refused without --server). --history belongs to both,
+with a meaning in each."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
