@@ -3,13 +3,25 @@
     python examples/chat/client.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --nick ada --room lobby
 
 The command lives in the package (polymux.cli.chat; --help lists its options); this script
-runs it. A client is a few lines of the API::
+runs it. It comes back by itself after a lost connection (--retries, --ping-interval,
+--ping-timeout) and shows what it missed, once, marked "(missed)". A client is a few lines
+of the API::
 
     session = await polymux.connect("127.0.0.1", 9000, protocol="mstream-v3")
     client = polymux.apps.chat.ChatClient(session, "ada")
     await client.join("lobby")
     await client.say("lobby", "hello")
     print(await client.read("lobby"))  # {'type': 'msg', 'nick': 'ada', 'text': 'hello', ...}
+
+and one that reconnects and catches up (what the command runs on)::
+
+    client = polymux.apps.chatclient.ReconnectingChatClient(
+        lambda: polymux.connect("127.0.0.1", 9000, protocol="mstream-v3"), "ada"
+    )
+    await client.start(["lobby"])
+    await client.say("lobby", "hello")
+    async for event in client:  # msg (missed: true after a cut), catchup, reconnecting ...
+        print(event)
 """
 
 from __future__ import annotations

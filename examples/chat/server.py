@@ -4,7 +4,9 @@
     python examples/chat/server.py --protocol mstream-v3 --tcp 127.0.0.1:9000 --web 127.0.0.1:8000
 
 The command lives in the package (polymux.cli.chat; --help lists its options); this script
-runs it. The server itself is a few lines of the API::
+runs it. Each room numbers its messages and keeps its last --history of them: a client that
+comes back after a lost connection gets what it missed, once and in order, and is told how
+many the room no longer held. The server itself is a few lines of the API::
 
     chat = polymux.apps.chat.ChatServer(queue_size=256, policy="disconnect")
     server = await polymux.start_server(chat.handle, "127.0.0.1", 9000, protocol="mstream-v3")

@@ -69,10 +69,98 @@ async def test_chat_server_and_client_over_a_unix_socket(procs: Procs, short_tmp
     assert not sock.exists()
 
 
+async def test_history_means_what_is_kept_on_the_server_and_what_is_shown_on_the_client(
+    procs: Procs, short_tmp: Path
+) -> None:
+    """``--history`` is an option of both modes: the server keeps the last N messages of each
+    room (3 here), a client asks for the last N on joining (10: it gets the 3 kept), shown
+    marked "(earlier)" and not counted as received."""
+    sock = short_tmp / "chat.sock"
+    server = await procs.polymux("chat", "--server", "--history", "3", "--unix", sock)
+    await server.line(r" on unix:")
+    common = ("--unix", str(sock), "--room", "dev")
+    said = ["--say", "m0", "--say", "m1", "--say", "m2", "--say", "m3", "--say", "m4"]
+    ada = await procs.polymux("chat", *common, "--nick", "ada", *said, name="ada")
+    assert await ada.wait() == EXIT_OK, ada.describe()
+    bob = await procs.polymux(
+        "chat", *common, "--nick", "bob", "--history", "10", "--until", "bye", name="bob"
+    )
+    await bob.line(r"^joined #dev as bob")
+    ada = await procs.polymux("chat", *common, "--nick", "ada", "--say", "bye", name="ada again")
+    assert await ada.wait() == EXIT_OK, ada.describe()
+    assert await bob.wait() == EXIT_OK, bob.describe()
+    shown = [line for line in bob.out if line.startswith("[#dev] ")]
+    assert shown == [
+        "[#dev] ada: m2 (earlier)",
+        "[#dev] ada: m3 (earlier)",
+        "[#dev] ada: m4 (earlier)",
+        "[#dev] ada: bye",
+    ], bob.describe()
+    assert bob.out[-1] == "chat: left; received 1 messages from others, 0 of our own echoed", bob.describe()
+    server.send_signal(signal.SIGINT)
+    assert await server.wait() == EXIT_OK, server.describe()
+
+
+def test_chat_options_of_each_mode_and_their_defaults() -> None:
+    """Every option of the client (reconnection included) and of the server, with the
+    defaults each mode fills in; ``--ping-interval off`` reaches the client as None."""
+    from polymux.cli import build_parser
+    from polymux.cli.chat import check_client_args, check_server_args, client_options
+
+    parser = build_parser()
+    args = parser.parse_args(["chat", "--nick", "ada"])
+    check_client_args(args.parser, args)
+    assert (args.tcp, args.room, args.history) == ("127.0.0.1:9000", ["lobby"], 0)
+    assert client_options(args) == {"retries": 10, "ping_interval": 15.0, "ping_timeout": 10.0, "history": 0}
+    args = parser.parse_args(
+        [
+            "chat",
+            "--nick",
+            "ada",
+            "--retries",
+            "0",
+            "--ping-interval",
+            "off",
+            "--ping-timeout",
+            "2.5",
+            "--history",
+            "7",
+        ]
+    )
+    check_client_args(args.parser, args)
+    assert client_options(args) == {"retries": 0, "ping_interval": None, "ping_timeout": 2.5, "history": 7}
+    args = parser.parse_args(["chat", "--nick", "ada", "--ping-interval", "0.5"])
+    check_client_args(args.parser, args)
+    assert client_options(args)["ping_interval"] == 0.5
+    args = parser.parse_args(["chat", "--server", "--tcp", "127.0.0.1:0"])
+    check_server_args(args.parser, args)
+    assert (args.history, args.queue, args.policy) == (100, 256, "disconnect")
+    args = parser.parse_args(["webchat", "--history", "5"])
+    check_server_args(args.parser, args)
+    assert args.history == 5
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (["chat", "--say", "hi"], "the client needs --nick NAME"),
+        (
+            ["chat", "--server", "--tcp", "127.0.0.1:0", "--retries", "3"],
+            "--retries is an option of the client",
+        ),
+        (
+            ["chat", "--server", "--tcp", "127.0.0.1:0", "--ping-interval", "off"],
+            "--ping-interval is an option of the client",
+        ),
+        (
+            ["chat", "--server", "--tcp", "127.0.0.1:0", "--ping-timeout", "1"],
+            "--ping-timeout is an option of the client",
+        ),
+        (["chat", "--nick", "a", "--retries", "-1"], "--retries must be >= 0"),
+        (["chat", "--nick", "a", "--history", "-1"], "--history must be >= 0"),
+        (["chat", "--server", "--tcp", "127.0.0.1:0", "--history", "-1"], "--history must be >= 0"),
+        (["chat", "--nick", "a", "--ping-interval", "0"], "must be positive: '0' (or 'off')"),
+        (["chat", "--nick", "a", "--ping-timeout", "off"], "must be a number of seconds: 'off'"),
         (["chat", "--nick", "a", "--queue", "3"], "--queue is an option of the server"),
         (["chat", "--server", "--tcp", "127.0.0.1:0", "--nick", "a"], "--nick is an option of the client"),
         (["chat", "--nick", "a", "--tcp", "127.0.0.1:1", "--unix", "/tmp/x"], "not both"),

@@ -11,19 +11,33 @@ load): --say TEXT sends lines, --send N --size BYTES sends N generated messages,
 waits for N messages from others, --until TEXT for someone to say TEXT, and
 --pause-reading-after N stops reading after N messages until the process gets SIGUSR1 (a
 slow client). It connects to --tcp HOST:PORT (default 127.0.0.1:9000, where polymux
-webchat takes terminal clients) or --unix PATH, in --protocol (default mstream-v3).
+webchat takes terminal clients) or --unix PATH, in --protocol (default mstream-v3);
+--history N shows each room's last N messages on joining.
+
+When the connection is lost (closed, reset, or silent: nothing from the server for
+--ping-interval seconds and no answer to a ping within --ping-timeout), the client
+connects again by itself, waiting 0.5 s, 1 s, 2 s ... up to 15 s between attempts (each
+wait drawn at random between half and all of that), at most --retries times in a row;
+it joins its rooms again and shows what was said meanwhile, each message once and in
+order, marked "(missed)", and says how many the server no longer held. What you said
+while away is sent once the room is joined again, and never twice
+(polymux.apps.chatclient.ReconnectingChatClient).
 
 The server (--server) listens on --tcp and/or --unix, any wire format with two-way
-channels; --web HOST:PORT also serves the web page (what polymux webchat starts). A slow
-client never stalls a room: each member has a bounded queue (--queue messages) and its own
-writer; when the queue is full the --policy applies: disconnect (default; the member's
-channel is reset with the reason and the room is told) or drop (that member misses messages
-and is told how many). One line is logged per join, leave and slow member. Ctrl-C or
-SIGTERM stops it (exit 0); a server that cannot listen exits 1.
+channels; --web HOST:PORT also serves the web page (what polymux webchat starts). Each room
+numbers its messages and keeps its last --history of them (default 100): a client that
+comes back after a lost connection gets what it missed, once and in order, and is told how
+many the room no longer held (polymux.apps.chat). A slow client never stalls a room: each
+member has a bounded queue (--queue messages) and its own writer; when the queue is full
+the --policy applies: disconnect (default; the member's channel is reset with the reason
+and the room is told) or drop (that member misses messages and is told how many). One line
+is logged per join, leave and slow member. Ctrl-C or SIGTERM stops it (exit 0); a server
+that cannot listen exits 1.
 
-Exit status of the client: 0 after leaving normally; 1 when a join is refused or the server
-disconnects us (e.g. the slow-client policy); 2 for bad arguments; 3 when there is no
-session (nothing listens there, or the server speaks another wire format).
+Exit status of the client: 0 after leaving normally; 1 when a join is refused, the server
+disconnects us (e.g. the slow-client policy) or the retries are spent; 2 for bad arguments;
+3 when there is no session at the start (nothing listens there, or the server speaks
+another wire format).
 """
 
 from __future__ import annotations
@@ -43,7 +57,8 @@ from typing import Any
 import polymux
 from polymux import PolymuxError
 from polymux._extras import require
-from polymux.apps.chat import POLICIES, ChatClient, ChatServer
+from polymux.apps.chat import POLICIES, ChatServer
+from polymux.apps.chatclient import ReconnectingChatClient
 from polymux.apps.common import (
     EXIT_FAILED,
     EXIT_NO_SESSION,
@@ -61,6 +76,8 @@ from polymux.apps.common import (
     parse_address,
     peer_mismatch,
     run as run_loop,
+    seconds,
+    seconds_or_off,
     session_options,
     size,
 )
@@ -76,7 +93,9 @@ __all__ = [
     "add_server_options",
     "check_client_args",
     "check_server_args",
+    "client_options",
     "default_files",
+    "describe",
     "register",
     "run",
     "run_client",
@@ -90,11 +109,25 @@ DEFAULT_TCP = "127.0.0.1:9000"
 """Where ``polymux webchat`` takes terminal clients, and where ``polymux chat`` connects,
 unless told otherwise."""
 
-CLIENT_OPTIONS = ("nick", "room", "say", "send", "size", "expect", "until", "pause_reading_after", "quiet")
+CLIENT_OPTIONS = (
+    "nick",
+    "room",
+    "say",
+    "send",
+    "size",
+    "expect",
+    "until",
+    "pause_reading_after",
+    "quiet",
+    "retries",
+    "ping_interval",
+    "ping_timeout",
+)
 """The options of the client alone (refused with --server)."""
 
-SERVER_OPTIONS = ("web", "files", "allow_host", "history", "max_upload", "queue", "policy")
-"""The options of the server alone (refused without --server)."""
+SERVER_OPTIONS = ("web", "files", "allow_host", "max_upload", "queue", "policy")
+"""The options of the server alone (refused without --server). --history belongs to both,
+with a meaning in each."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -119,8 +152,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--unix", metavar="PATH", help="client: the server's unix socket; server: listen there too"
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        metavar="N",
+        help="client: show the last N messages of each room on joining (default 0); server: "
+        "recent messages kept per room, for pages that join and clients that come back (default 100)",
+    )
     add_client_options(parser.add_argument_group("client"))
-    add_server_options(parser.add_argument_group("server (with --server)"))
+    add_server_options(parser.add_argument_group("server (with --server)"), history=False)
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -160,7 +200,7 @@ def _fill(args: argparse.Namespace, defaults: dict[str, Any]) -> None:
 
 
 def add_client_options(group: argparse._ActionsContainer) -> None:
-    """The client's own options (--nick, --room, the scripted-use options)."""
+    """The client's own options (--nick, --room, the scripted-use options, reconnection)."""
     group.add_argument("--nick", help="your nick (required for the client)")
     group.add_argument("--room", action="append", help="room to join (repeatable; default lobby)")
     group.add_argument("--say", action="append", metavar="TEXT", help="send TEXT (repeatable)")
@@ -170,13 +210,56 @@ def add_client_options(group: argparse._ActionsContainer) -> None:
     group.add_argument("--until", metavar="TEXT", help="leave once someone says TEXT")
     group.add_argument("--pause-reading-after", type=int, metavar="N", help="stop reading after N messages")
     group.add_argument("--quiet", action="store_true", default=None, help="do not print messages")
+    group.add_argument(
+        "--retries",
+        type=int,
+        metavar="N",
+        help="attempts to reconnect after a lost connection before giving up (default 10; 0: exit at once)",
+    )
+    group.add_argument(
+        "--ping-interval",
+        type=_ping_interval,
+        metavar="SECONDS",
+        help="check the connection after this long without a word from the server (default 15; off)",
+    )
+    group.add_argument(
+        "--ping-timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="seconds the server has to answer that check before the connection counts as lost (default 10)",
+    )
+
+
+_PING_OFF = 0.0
+"""--ping-interval off, as parsed: not None, which means "not given" (then the default holds)."""
+
+
+def _ping_interval(text: str) -> float:
+    value = seconds_or_off(text)
+    return _PING_OFF if value is None else value
 
 
 def check_client_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Complete and check the client's arguments (``parser.error`` on bad ones)."""
     if not args.nick:
         parser.error("the client needs --nick NAME")
-    _fill(args, {"room": ["lobby"], "say": [], "size": 64, "quiet": False})
+    _fill(
+        args,
+        {
+            "room": ["lobby"],
+            "say": [],
+            "size": 64,
+            "quiet": False,
+            "history": 0,
+            "retries": 10,
+            "ping_interval": 15.0,
+            "ping_timeout": 10.0,
+        },
+    )
+    if args.retries < 0:
+        parser.error("--retries must be >= 0")
+    if args.history < 0:
+        parser.error("--history must be >= 0")
     if args.tcp is not None and args.unix is not None:
         parser.error("give --tcp HOST:PORT or --unix PATH, not both")
     if args.tcp is None and args.unix is None:
@@ -187,158 +270,229 @@ def check_client_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(str(exc))
 
 
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~polymux.apps.chatclient.ReconnectingChatClient` keywords of the client's
+    arguments (checked by :func:`check_client_args`)."""
+    return {
+        "retries": args.retries,
+        "ping_interval": None if args.ping_interval == _PING_OFF else args.ping_interval,
+        "ping_timeout": args.ping_timeout,
+        "history": args.history,
+    }
+
+
 class _State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.own = 0
         self.others = 0
-        self.own_done = asyncio.Event()
         self.others_done = asyncio.Event()
         self.resume = asyncio.Event()
         self.until = asyncio.Event()
-        self.disconnected: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.ended = ""
+        """Why the client stopped by itself (every room closed, retries spent)."""
 
     def show(self, line: str) -> None:
         print(line, flush=True)
 
 
-async def _read_room(client: ChatClient, room: str, state: _State) -> None:
+def describe(event: dict[str, Any], room: str) -> str | None:
+    """The line a terminal shows for a record of ``room`` (an event of
+    :class:`~polymux.apps.chatclient.ReconnectingChatClient`), or None for one it does not
+    show (typing, duplicate). Messages caught up after a lost connection are marked
+    "(missed)", those of the history asked for on joining "(earlier)"."""
+    kind = event["type"]
+    mark = " (missed)" if event.get("missed") else " (earlier)" if event.get("history") else ""
+    if kind == "msg":
+        return f"[#{room}] {event.get('nick')}: {event.get('text')}{mark}"
+    if kind == "joined":
+        return f"* {event.get('nick')} joined #{room}"
+    if kind == "left":
+        reason = event.get("reason")
+        why = f" ({reason})" if reason and reason != "left" else ""
+        return f"* {event.get('nick')} left #{room}{why}"
+    if kind == "renamed":
+        return f"* {event.get('old')} is now {event.get('nick')} in #{room}"
+    if kind == "file":
+        return (
+            f"* {event.get('nick')} put {event.get('name')} ({format_bytes(event.get('size', 0))}) "
+            f"on the server, in #{room}{mark}"
+        )
+    if kind == "dropped":
+        return (
+            f"* the server dropped {event.get('count')} messages and {event.get('notices')} "
+            f"notices of #{room} for us (too slow)"
+        )
+    if kind == "error":
+        return f"* error from the server: {event.get('message')}"
+    if kind == "welcome":  # a room joined again after a reconnection
+        return f"* back in #{room} as {event.get('nick')}; members: {', '.join(event.get('members', []))}"
+    if kind == "catchup":
+        missed, lost = event.get("missed", 0), event.get("lost")
+        lines = []
+        if lost is None:
+            lines.append(
+                f"* the server restarted (or forgot #{room}): what was said there meanwhile may be lost"
+            )
+        elif lost:
+            lines.append(
+                f"* {lost} messages said in #{room} while you were away are lost (the server no longer holds them)"
+            )
+        if missed:
+            lines.append(f"* {missed} messages said in #{room} while you were away:")
+        return "\n".join(lines) or f"* nothing was said in #{room} while you were away"
+    if kind == "disconnected":
+        return f"* connection lost: {event['reason']}"
+    if kind == "reconnecting":
+        return (
+            f"* reconnecting (attempt {event['attempt']}/{event['attempts']}, next in {event['delay']:.1f} s)"
+        )
+    if kind == "reconnected":
+        return f"* reconnected (attempt {event['attempt']})"
+    return None  # typing, duplicate: nothing to show in a terminal
+
+
+async def _consume(client: ReconnectingChatClient, state: _State) -> None:
+    """Show what comes, count it, until the client is done."""
     args = state.args
     received = 0
     paused = False
-    try:
-        while True:
-            if args.pause_reading_after is not None and received == args.pause_reading_after and not paused:
-                paused = True
-                state.show(f"paused reading #{room} after {received} messages (SIGUSR1 resumes)")
-                await state.resume.wait()
-                state.show(f"resumed reading #{room}")
-            record = await client.read(room)
-            if record is None:
-                state.show(f"the server closed #{room}")
-                break
-            kind = record["type"]
-            if kind == "msg":
-                received += 1
-                if record.get("nick") == client.nick:
-                    state.own += 1
-                    if args.send is None or state.own >= args.send + len(args.say):
-                        state.own_done.set()
-                else:
-                    state.others += 1
-                    if args.expect is not None and state.others >= args.expect:
-                        state.others_done.set()
-                    if args.until is not None and record.get("text") == args.until:
-                        state.until.set()
-                if not args.quiet:
-                    state.show(f"[#{room}] {record.get('nick')}: {record.get('text')}")
-            elif kind == "joined":
-                state.show(f"* {record.get('nick')} joined #{room}")
-            elif kind == "left":
-                reason = record.get("reason")
-                why = f" ({reason})" if reason and reason != "left" else ""
-                state.show(f"* {record.get('nick')} left #{room}{why}")
-            elif kind == "renamed":
-                state.show(f"* {record.get('old')} is now {record.get('nick')} in #{room}")
-            elif kind == "file":
-                state.show(
-                    f"* {record.get('nick')} put {record.get('name')} ({format_bytes(record.get('size', 0))}) "
-                    f"on the server, in #{room}"
-                )
-            elif kind == "dropped":
-                state.show(
-                    f"* the server dropped {record.get('count')} messages and {record.get('notices')} "
-                    f"notices of #{room} for us (too slow)"
-                )
-            elif kind == "error":
-                state.show(f"* error from the server: {record.get('message')}")
-    except (ConnectionError, PolymuxError, RecordError) as exc:
-        if not state.disconnected.done():
-            state.disconnected.set_result(f"disconnected from #{room}: {exc}")
+    while True:
+        if args.pause_reading_after is not None and received == args.pause_reading_after and not paused:
+            paused = True
+            rooms = ", ".join(f"#{room}" for room in args.room)
+            state.show(f"paused reading {rooms} after {received} messages (SIGUSR1 resumes)")
+            await state.resume.wait()
+            state.show(f"resumed reading {rooms}")
+        event = await client.next_event()
+        if event is None:
+            return
+        kind = event["type"]
+        room = str(event.get("room", ""))
+        if kind == "msg" and not event.get("history"):  # history asked for on joining: shown only
+            received += 1
+            if event.get("nick") == client.nick:
+                state.own += 1
+            else:
+                state.others += 1
+                if args.expect is not None and state.others >= args.expect:
+                    state.others_done.set()
+                if args.until is not None and event.get("text") == args.until:
+                    state.until.set()
+        if kind == "msg":
+            if not args.quiet:
+                state.show(describe(event, room) or "")
+        elif kind == "gave up":
+            state.ended = f"gave up reconnecting after {event['attempts']} attempts: {event['reason']}"
+        elif kind == "closed":
+            state.show(f"chat: disconnected from #{room}: {event['reason']}")
+            state.ended = state.ended or f"disconnected from #{room}"
+        elif (line := describe(event, room)) is not None:
+            state.show(line)
 
 
-async def _interactive(client: ChatClient, rooms: list[str], state: _State) -> None:
+async def _interactive(client: ReconnectingChatClient, rooms: list[str], state: _State) -> None:
     loop = asyncio.get_running_loop()
-    sent = 0
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         text = line.rstrip("\n")
         room = rooms[0]
         if text.startswith("#") and " " in text and text[1:].split(" ", 1)[0] in rooms:
             room, text = text[1:].split(" ", 1)
-        if text.strip():  # the server refuses blank messages
+        if room not in client.rooms:
+            state.show(f"* not sent: #{room} is closed")
+        elif text.strip():  # the server refuses blank messages
+            if client.session is None:
+                state.show("* not connected: sent once the connection is back")
             await client.say(room, text)
-            sent += 1
-    # End of input: leave once what we said has come back (it reached the room).
-    while state.own < sent:
-        state.own_done.clear()
-        await state.own_done.wait()
+    # End of input: leave once what we said reached the room.
+    await client.delivered()
 
 
-async def _send_all(client: ChatClient, room: str, args: argparse.Namespace) -> None:
+async def _send_all(client: ReconnectingChatClient, room: str, args: argparse.Namespace) -> None:
     for text in args.say:
         await client.say(room, text)
     for i in range(args.send or 0):
         prefix = f"{args.nick} message {i} "
         await client.say(room, prefix + "." * max(0, args.size - len(prefix)))
+    await client.delivered()
 
 
 async def run_client(args: argparse.Namespace) -> int:
-    """The client: join ``args.room`` as ``args.nick``, then talk (interactive or scripted);
+    """The client: join ``args.room`` as ``args.nick``, then talk (interactive or scripted),
+    coming back after a lost connection (:class:`~polymux.apps.chatclient.ReconnectingChatClient`);
     the exit status."""
     state = _State(args)
     address = parse_address(args.tcp, args.unix)
+
+    async def open_session() -> polymux.Session:
+        # The first connection may take its time; later ones give up sooner (and retry).
+        return await connect(
+            address, args.protocol, timeout=30 if not client.connections else 10, **session_options(args)
+        )
+
+    client = ReconnectingChatClient(open_session, args.nick, **client_options(args))
     try:
-        session = await connect(address, args.protocol, timeout=30, **session_options(args))
+        welcomes = await client.start(args.room)
     except NoSession as exc:
         print(f"chat: {exc}", file=sys.stderr)
         return EXIT_NO_SESSION
+    except (ConnectionError, PolymuxError, RecordError, ValueError) as exc:
+        session = client.session
+        why = peer_mismatch(session) if session is not None else None
+        await client.close()
+        if why is not None:
+            print(f"chat: no {args.protocol} session with {address}: {why}", file=sys.stderr)
+            return EXIT_NO_SESSION
+        if isinstance(exc, ValueError) and not isinstance(exc, RecordError):  # refused (a nick in use ...)
+            print(f"chat: {exc}", file=sys.stderr)
+        else:
+            print(f"chat: cannot join: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, state.resume.set)
-    async with session:
-        client = ChatClient(session, args.nick)
-        readers = []
-        for room in args.room:
-            try:
-                welcome = await client.join(room)
-            except ValueError as exc:  # refused by the server (a nick in use ...)
-                print(f"chat: {exc}", file=sys.stderr)
-                return EXIT_FAILED
-            except (ConnectionError, PolymuxError, RecordError) as exc:
-                if (why := peer_mismatch(session)) is not None:
-                    print(f"chat: no {args.protocol} session with {address}: {why}", file=sys.stderr)
-                    return EXIT_NO_SESSION
-                print(f"chat: cannot join #{room}: {exc}", file=sys.stderr)
-                return EXIT_FAILED
-            state.show(f"joined #{room} as {args.nick}; members: {', '.join(welcome.get('members', []))}")
-            readers.append(asyncio.create_task(_read_room(client, room, state)))
-        goals: list[Any] = []
-        if args.send is not None or args.say:
-            args.send = args.send or 0
-            goals.append(state.own_done.wait())
-        if args.expect is not None:
-            goals.append(state.others_done.wait())
-        if args.until is not None:
-            goals.append(state.until.wait())
-        first = args.room[0]
-        work = asyncio.ensure_future(
-            _send_all(client, first, args) if goals else _interactive(client, args.room, state)
-        )
-        done = asyncio.gather(work, *goals)
-        waits: set[asyncio.Future[Any]] = {done, state.disconnected}
-        finished, _pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if state.disconnected in finished:
-            done.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await done
-            for task in readers:
-                task.cancel()
-            state.show(f"chat: {state.disconnected.result()}")
-            session.abort()
-            return EXIT_FAILED
-        for room in list(client.channels):
-            await client.leave(room)
-        for task in readers:
-            task.cancel()
-    state.show(f"chat: left; received {state.others} messages from others, {state.own} of our own echoed")
+    for room, welcome in zip(client.rooms, welcomes, strict=True):
+        state.show(f"joined #{room} as {args.nick}; members: {', '.join(welcome.get('members', []))}")
+    reader = asyncio.ensure_future(_consume(client, state))
+    goals: list[Any] = []
+    if args.send is not None or args.say:
+        args.send = args.send or 0
+    if args.expect is not None:
+        goals.append(state.others_done.wait())
+    if args.until is not None:
+        goals.append(state.until.wait())
+    first = args.room[0]
+    scripted = bool(goals) or args.send is not None
+    work = asyncio.ensure_future(
+        _send_all(client, first, args) if scripted else _interactive(client, args.room, state)
+    )
+    done = asyncio.gather(work, *goals)
+    waits: set[asyncio.Future[Any]] = {done, reader}
+    finished, _pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if done not in finished:  # the client stopped by itself (retries spent, every room closed)
+        done.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await done
+        await client.close()
+        state.show(f"chat: {state.ended or 'disconnected'}")
+        return EXIT_FAILED
+    done.result()
+    if client.closed:  # a room closed meanwhile: what was said there may not have reached it
+        await client.close()
+        state.show(f"chat: {state.ended or 'disconnected'}")
+        return EXIT_FAILED
+    await client.close()
+    # What came before we left is shown (the reader ends once it has taken it all).
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await asyncio.shield(reader)
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    back = ""
+    if client.outages:
+        back = f"; came back after {client.outages} lost connection{'s' if client.outages > 1 else ''}"
+    state.show(
+        f"chat: left; received {state.others} messages from others, {state.own} of our own echoed{back}"
+    )
     return EXIT_OK
 
 
@@ -352,9 +506,12 @@ def default_files() -> Path:
     return Path(data) / "polymux" / "webchat-files"
 
 
-def add_server_options(group: argparse._ActionsContainer, *, web_default: str | None = None) -> None:
+def add_server_options(
+    group: argparse._ActionsContainer, *, web_default: str | None = None, history: bool = True
+) -> None:
     """The server's own options (--web, --files, --allow-host, --history, --max-upload,
-    --queue, --policy); ``web_default``: --web's default (polymux webchat's page)."""
+    --queue, --policy); ``web_default``: --web's default (polymux webchat's page);
+    ``history=False`` leaves --history out (polymux chat has one for both of its modes)."""
     where = f" (default {web_default})" if web_default else " too"
     group.add_argument(
         "--web",
@@ -374,11 +531,14 @@ def add_server_options(group: argparse._ActionsContainer, *, web_default: str | 
         help="also answer web requests sent to this host name (repeatable; default: loopback names "
         "and the address listened on; '*': any, only behind a proxy that checks Host)",
     )
-    group.add_argument(
-        "--history",
-        type=int,
-        help="recent messages kept per room for pages that join (default 100)",
-    )
+    if history:
+        group.add_argument(
+            "--history",
+            type=int,
+            metavar="N",
+            help="recent messages kept per room, for pages that join and clients that come back "
+            "(default 100)",
+        )
     group.add_argument("--max-upload", type=size, metavar="SIZE", help="largest upload (e.g. 1GiB)")
     group.add_argument("--queue", type=int, help="messages queued per member (default 256)")
     group.add_argument(
