@@ -445,6 +445,28 @@ def test_a_closed_channel_still_sending_to_a_peer_that_reads_is_not_reset(fmt: s
     assert of(b.events(), ce.Ended) or b.channels.get(y) is None or b.channels[y].receiving.ended
 
 
+def test_a_closed_channel_whose_end_waits_for_our_own_socket_is_not_reset() -> None:
+    """close() while our socket takes nothing (or our writer is slow): the end has not gone
+    out through no fault of the peer, which ended its side already: no reset at
+    close_timeout; the end goes once the socket takes it, and the channel finishes."""
+    a, b = pair("mplex", close_timeout=10.0)
+    x, y = open_to(a, b)
+    b.write_eof(y)
+    pump(a, b)
+    a.events()
+    a.write(x, b"last words")
+    a.socket_paused(True, 1 << 20)  # our socket is full: nothing leaves
+    a.close_channel(x)
+    a.handle_timer(10.0)
+    a.handle_timer(20.0)
+    assert x in a.channels and not of(a.events(), ce.Finished)
+    a.socket_paused(False, 0)
+    pump(a, b, 20.0)
+    assert x not in a.channels
+    assert of(a.events(), ce.Finished)[-1] == ce.Finished(x)
+    assert b"last words" in b"".join(bytes(e.data) for e in of(b.events(), ce.Data))
+
+
 def test_a_closed_channel_whose_peer_takes_nothing_is_reset_at_close_timeout() -> None:
     """close() with data queued and a peer that grants no credit: no progress within
     close_timeout, the channel is reset (its queued data dropped)."""

@@ -109,14 +109,19 @@ class Lifecycle:
             )
             self.finish(channel, error)
         elif kind == Timer.CLOSE:
-            if channel.progress and (channel.buffered or not channel.sending.end_sent):
-                # Still sending what was written before close(), and the peer takes it: the
-                # deadline moves on (a reset would drop data the peer is reading; Streamux
-                # shows a reset as a clean end).
+            if not channel.sending.end_sent and (
+                channel.progress or not channel.buffered or core.engine.send_credit(channel.handle) > 0
+            ):
+                # Our end has not gone out yet, and not because the peer takes nothing: it
+                # took some of what was written before close() (a reset would drop data it
+                # reads; Streamux shows a reset as a clean end), or the rest waits for us
+                # (our turn, our socket). The deadline moves on; a peer that reads nothing
+                # at all is the session's liveness to judge.
                 channel.progress = 0
                 core.table.add_timer(core.now + config.close_timeout, Timer.CLOSE, channel.handle)
                 return
-            core.reset(channel.handle)  # the peer never ended its side, or takes nothing
+            core.reset(channel.handle)  # our end went out and the peer never ended its side,
+            # or the peer grants our queued data no credit
         elif channel.slow and core.now - channel.slow_since >= config.slow_reader_timeout:
             self._overflow(channel)  # OVERFLOW: still full since its timer was set
 
