@@ -134,11 +134,10 @@ class MuxProtocol(asyncio.Protocol):
         check_handler(self.engine.format, self.engine.one_way, handler)
         self._transport: asyncio.Transport | None = None
         self._channels: dict[int, ChannelTransport] = {}
-        loop = self.loop
+        loop = self.loop  # What tasks wait for (polymux.session.waiters): a future each.
         self.waiters: Waiters[_Wake, tuple[ChannelStreamReader, ChannelTransport], StreamPair] = Waiters(
             self.core, lambda: _Wake(loop=loop)
         )
-        """What tasks wait for (opens, pings, pairs, requests, control messages, channels)."""
         self._dispatcher = Dispatcher(self.core, self, self._channels, self.waiters)
         self._flush_pending = False
         self._write_paused = False
@@ -541,7 +540,8 @@ class MuxProtocol(asyncio.Protocol):
 
     async def _open(self, open_: Callable[[], int]) -> int:
         """Call ``open_`` (a core call that opens a channel) once the handshake is done
-        and there is room (``max_unacked_opens``); return its handle."""
+        and there is room (``max_unacked_opens``: in order, see ``polymux.session.waiters``);
+        return its handle."""
         await self.ready
         room = self.waiters.room
         got = room.attempt(open_)

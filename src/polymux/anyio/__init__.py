@@ -400,8 +400,8 @@ class AnyioSession:
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
+        # What tasks wait for (polymux.session.waiters): an anyio event each.
         self.waiters: Waiters[anyio.Event, AnyioChannel, Incoming] = Waiters(self.core, anyio.Event)
-        """What tasks wait for (opens, pings, pairs, requests, control messages, channels)."""
         self._dispatcher = Dispatcher(self.core, self, self._channels, self.waiters)
         self._ready = anyio.Event()
         self._send_lock = anyio.Lock()
