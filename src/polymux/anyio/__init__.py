@@ -539,9 +539,12 @@ class AnyioSession:
 
     async def accept_channel(self) -> Incoming:
         """The next channel the peer opened (on one-way formats, its stream pairs too).
-        Raises :class:`~polymux.exceptions.SessionClosed` when none can come any more."""
+        Raises :class:`~polymux.exceptions.SessionClosed` when the session ends first."""
         got = self.waiters.incoming.take()
-        return await self._wait(got) if isinstance(got, Waiter) else got
+        if isinstance(got, Waiter):
+            return await self._wait(got)
+        await anyio.lowlevel.checkpoint()  # (an accept loop lets the others run)
+        return got
 
     def __aiter__(self) -> AsyncIterator[Incoming]:
         return self._iterate()

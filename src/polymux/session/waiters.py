@@ -316,8 +316,9 @@ class Backlog(_Kind[S, T]):
 
     def take(self, name: str | None = None) -> T | Waiter[S, T]:
         """The oldest incoming channel (named ``name``, if given), or a waiter to await for
-        one. Raises when none can come any more (the session ended, is closing, or the
-        peer is going away)."""
+        one until the session ends. (Not only until the peer's go-away: a server that
+        stopped taking channels then would close while the peer still finishes its own
+        close, and the peer would see a reset.)"""
         for entry in self.items:
             if name is None or entry[0] == name:
                 self.items.remove(entry)
@@ -325,7 +326,6 @@ class Backlog(_Kind[S, T]):
                 return entry[2]
         waiters = self.waiters
         waiters.check()
-        waiters.core.check_open()
         waiter: Waiter[S, T] = Waiter(self, waiters.make_signal(), name)
         self.waiting.append(waiter)
         return waiter
