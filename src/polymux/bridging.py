@@ -70,7 +70,7 @@ from polymux.aio import (
 )
 from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, SessionHandler
 from polymux.aio.session import ChannelHandler
-from polymux.config import SessionConfig
+from polymux.config import COMPATIBILITY_FIELDS, SessionConfig
 from polymux.exceptions import ChannelReset, PolymuxError
 
 
@@ -690,6 +690,12 @@ def pair_share(budget: int) -> int:
     return max(64 * 1024, budget // 3)
 
 
+def _for_side(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without the compatibility keywords of other formats than ``protocol``'s."""
+    own = formats.get(protocol).options.legacy
+    return {k: v for k, v in options.items() if k not in COMPATIBILITY_FIELDS or k in own}
+
+
 async def bridge(
     listen: str | Endpoint,
     connect: str | Endpoint,
@@ -739,8 +745,10 @@ async def bridge(
         raise ValueError(f"bridge: names must be one of {', '.join(NAME_POLICIES)}, got {names!r}")
     if far.transport in ("tcp", "ws") and far.port == 0:
         raise ValueError(f"bridge endpoint {far}: a port is needed to connect")
-    near_cfg = SessionConfig.from_options(listen_config or config, **options)
-    far_cfg = SessionConfig.from_options(connect_config or config, **options)
+    # Options go to both sides; a format's own option given by its compatibility keyword
+    # (max_receive_window for yamux) only to a side of that format: another refuses it.
+    near_cfg = SessionConfig.from_options(listen_config or config, **_for_side(near.protocol, options))
+    far_cfg = SessionConfig.from_options(connect_config or config, **_for_side(far.protocol, options))
     # One budget for a bridged pair, end to end: what the bridge holds for one client is
     # the two sessions' together. A session holds up to its max_session_memory unread (and
     # unsent while its socket takes nothing), and half of it more unsent while it waits

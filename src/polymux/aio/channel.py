@@ -198,10 +198,16 @@ class ChannelTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """``channel_name``, ``channel``, ``session``, ``protocol_name``, ``metadata``
         (omnistreams: the stream's creation metadata bytes) and anything the
-        session's own transport knows (``peername``, ``sockname``, ``socket``,
-        ``ssl_object`` ... but not ``sslcontext``, see below)."""
+        session's own transport knows (``peername``, ``sockname``, ``ssl_object`` ...
+        but not ``sslcontext``, see below). ``socket`` is ``default``: a channel has no
+        socket of its own, and code that sets socket options on what it is given would
+        change every channel's; the session's shared socket is ``session_socket``."""
         if name == "channel_name":
             return self._name
+        if name == "socket":
+            return default
+        if name == "session_socket":
+            return self._host.get_extra_info("socket", default)
         if name in self._extra:
             return self._extra[name]
         if name == "channel":

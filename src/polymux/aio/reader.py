@@ -166,7 +166,7 @@ class ChannelStreamReader(asyncio.StreamReader):
                 if inbox.size:  # (it cannot arrive meanwhile, but a plain check is cheap)
                     self.fill()
                     return
-            inbox.waiting = True
+            inbox.waits()
         await super()._wait_for_data(func_name)  # type: ignore[misc]  # CPython private
 
 

@@ -9,10 +9,10 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol, Self, Unpack, cast
 
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, SessionOptions
 from polymux.formats import Format, resolve
 
 
@@ -331,7 +331,7 @@ def _server(
     session_handler: SessionHandler | None,
     offer_filter: OfferFilter | None,
     max_connections: int | None,
-    options: dict[str, Any],
+    options: SessionOptions,
 ) -> Server:
     cfg = SessionConfig.from_options(config, **options)
     fmt = resolve(protocol, cfg)
@@ -354,7 +354,7 @@ async def start_server(
     offer_filter: OfferFilter | None = None,
     ssl: Any = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> Server:
     """Listen on TCP; each connection is a session, each incoming channel runs
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
@@ -397,7 +397,7 @@ async def start_unix_server(
     ssl: Any = None,
     mode: int | None = 0o600,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> Server:
     """Listen on a unix socket (see :func:`start_server`).
 

@@ -20,6 +20,7 @@ from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
 from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
+from polymux.aio.streams import Channel
 from polymux.config import SessionConfig
 from polymux.engine import Engine
 from polymux.engine.plane import Inbox
@@ -89,7 +90,7 @@ def check_handler(fmt: str, one_way: bool, handler: ChannelHandler | None) -> No
 OfferFilter = Callable[[str], bool]
 """``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
 
-StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+StreamPair = Channel  # a (reader, writer) tuple, and an async context manager that closes it
 
 T = TypeVar("T")
 
@@ -128,6 +129,7 @@ class MuxProtocol(asyncio.Protocol):
             offer_filter=offer_filter,
             has_handler=handler is not None,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self.core.plane.on_report = self._report_soon
         self._handler = handler
@@ -440,7 +442,9 @@ class MuxProtocol(asyncio.Protocol):
             self._attach_protocol(channel, handler)
             return
         reader, protocol = self._stream(channel)
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(channel, protocol, reader, self.loop)))
+        self._deliver(
+            name, handle, Channel(reader, asyncio.StreamWriter(channel, protocol, reader, self.loop))
+        )
 
     def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
         """The peer opened a stream pair (the core answered it): read ``handle``, write
@@ -452,7 +456,7 @@ class MuxProtocol(asyncio.Protocol):
         self._channels[reply] = out
         _out_reader, protocol = self._stream(out)
         out.partner = inbound
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
+        self._deliver(name, handle, Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
 
     def _deliver(self, name: str, handle: int, pair: StreamPair) -> None:
         """An incoming ``(reader, writer)``: to the handler, or to ``accept_channel``."""
@@ -593,7 +597,7 @@ class MuxProtocol(asyncio.Protocol):
             out.abort()
             raise
         out.partner = inbound
-        return reader, asyncio.StreamWriter(out, protocol, reader, self.loop)
+        return Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop))
 
     def on_pair_answered(self, handle: int, inbound: int) -> tuple[ChannelStreamReader, ChannelTransport]:
         """Our pair got its second half (ours to read)."""
@@ -634,6 +638,11 @@ class MuxProtocol(asyncio.Protocol):
         if core.failed:
             return
         while not self._write_paused:
+            if transport.is_closing():
+                # The socket failed (a dead peer: EPIPE, ECONNRESET) or is closing: its
+                # connection_lost is on its way. asyncio logs "socket.send() raised
+                # exception." for every write from the fifth on; the core ends anyway.
+                break
             out = core.data_to_send()
             if not out:
                 break
@@ -836,7 +845,7 @@ class Session:
         protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
-        return reader, writer
+        return Channel(reader, writer)
 
     async def open_pair(self, name: str = "") -> StreamPair:
         """A bidirectional ``(reader, writer)`` on any format. On omnistreams, whose streams

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from polymux._extras import require
 
@@ -34,7 +34,7 @@ from anyio.abc import ByteStream, SocketAttribute
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, SessionOptions
 from polymux.engine import Engine
 from polymux.engine.plane import Inbox
 from polymux.exceptions import ChannelClosedError, PolymuxError, SessionClosed
@@ -252,7 +252,7 @@ class AnyioChannel(ByteStream):
                 raise _broken(self._error)
             self._readable = anyio.Event()
             if inbox is not None:
-                inbox.waiting = True
+                inbox.waits()
             await self._readable.wait()
         data = inbox.take(max_bytes)
         if self._core.plane.reports:  # credit (and the budget) are due
@@ -397,6 +397,7 @@ class AnyioSession:
             _clock(),
             offer_filter=offer_filter,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
@@ -817,7 +818,7 @@ async def session(
     config: SessionConfig | None = None,
     offer_filter: Callable[[str], bool] | None = None,
     first_frame_deadline: bool | None = None,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> AsyncIterator[AnyioSession]:
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
     the ``async with`` block; on either anyio backend.

@@ -1,4 +1,5 @@
-"""Applications built on polymux, shared by the ``polymux`` command and ``examples/``:
+"""Applications built on polymux, behind the ``polymux`` commands (``webchat``, ``chat``,
+``send``, ``receive``, ``demo``; :mod:`polymux.cli`) and ``examples/``:
 :mod:`polymux.apps.filetransfer` (many files in parallel, one channel each, SHA-256,
 resume, safe destination paths) and :mod:`polymux.apps.chat` (rooms as channels,
 msgpack records, a bounded queue per member, numbered messages to catch up on);

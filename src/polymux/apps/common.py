@@ -41,6 +41,7 @@ __all__ = [
     "add_address_options",
     "add_liveness_options",
     "add_session_options",
+    "check_session_options",
     "connect",
     "conversation_options",
     "diagnosing_capture",
@@ -268,14 +269,15 @@ def add_address_options(parser: argparse.ArgumentParser, *, required: bool = Tru
     group.add_argument("--unix", metavar="PATH", help="unix socket path")
 
 
-def add_session_options(parser: argparse.ArgumentParser) -> None:
-    """``--protocol``, ``--window``, ``--uvloop``."""
+def add_session_options(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--protocol`` (required, unless it has a ``default``), ``--window``, ``--uvloop``."""
     parser.add_argument(
         "--protocol",
-        required=True,
+        required=default is None,
+        default=default,
         choices=polymux.PROTOCOLS,
         metavar="PROTOCOL",
-        help=f"wire format: {', '.join(polymux.PROTOCOLS)}",
+        help=f"wire format: {', '.join(polymux.PROTOCOLS)}" + (f" (default {default})" if default else ""),
     )
     parser.add_argument(
         "--window",
@@ -292,6 +294,23 @@ def session_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "window", None) is not None:
         options["receive_window"] = args.window
     return options
+
+
+def check_session_options(protocol: str, options: dict[str, Any]) -> None:
+    """That ``options`` (SessionConfig fields) are valid, and mean something to
+    ``protocol`` (a setting it would ignore is refused: ``formats.resolve``).
+
+    Raises:
+        TypeError: an unknown option.
+        ValueError: a bad value, or one the format cannot honour (``--window`` below 256 KiB
+            on yamux, whose windows start there).
+    """
+    try:
+        formats.resolve(protocol, polymux.SessionConfig.from_options(**options))
+    except ValueError as exc:
+        if "receive_window" in str(exc) and "receive_window" in options:
+            raise ValueError(f"--window: {exc}") from None
+        raise
 
 
 def two_way(protocol: str) -> bool:

@@ -92,6 +92,9 @@ class Engine(ABC, Generic[R]):
     has_controls: bool
     """True when the format carries session-level control messages (:meth:`send_control`,
     a ``ControlReceived`` event): ``caps.controls``."""
+    credit_estimated: bool = False
+    """True when :meth:`credit_step` is an estimate, not a bound (omnistreams counts
+    messages): a reader that waits reports what it consumed, so no credit waits for more."""
     message_mode: bool = False
     """True when the engine takes whole messages from a transport that keeps message
     boundaries (omnistreams over WebSocket) instead of a byte stream."""
@@ -372,7 +375,9 @@ class Engine(ABC, Generic[R]):
 
     def _writable(self, channel: int) -> R:
         """The record of a channel we may send on; a local bug otherwise."""
-        record = self._record(channel)
+        record = self._channels.get(channel)
+        if record is None:
+            record = self._record(channel)  # raises, naming the channel
         if record.state not in self._tables[record.local_origin].sending:
             self._step(record, Input.SEND)  # raises the table's refusal
         return record

@@ -472,8 +472,10 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         kind = Kind.CANCEL_RECEIVE if self._codes[Kind.CANCEL_RECEIVE] is not None else Kind.END
         self._emit(kind, record.wire_id)
 
+    credit_estimated = True
+
     def credit_step(self, channel: int) -> int:
-        """In bytes, from the messages held (a lower bound: see
+        """In bytes, estimated from the messages held (see
         :meth:`~polymux.engine.flow.MessageWindow.bytes_until_due`)."""
         record = self._channels.get(channel)
         if record is None or record.local_origin:

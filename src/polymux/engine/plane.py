@@ -35,12 +35,21 @@ if TYPE_CHECKING:
     from polymux.engine.channel import ChannelRecord
 
 
-__all__ = ["NO_CREDIT_STEP", "DataRuns", "Inbox", "Plane"]
+__all__ = ["KEEP_VIEW", "NO_CREDIT_STEP", "DataRuns", "Inbox", "Plane"]
 
 NO_CREDIT_STEP = 64 * 1024
 """Consumed bytes an inbox collects before reporting them, on a format without credit on
 the wire (the reports only bring the memory budget and the slow-reader check up to date;
 the core asks for every byte at once while either matters: :attr:`Plane.eager`)."""
+
+
+KEEP_VIEW = 5
+"""A payload that is at least 1/KEEP_VIEW of the (immutable) read it arrived in is kept
+as a view of it, not copied: the read stays alive until the reader took it, so what a
+channel pins is at most KEEP_VIEW times what it counts; smaller payloads are copied (a
+view would pin a whole read for a few bytes). The reader copies each byte once, when it
+takes it (``read()`` returns ``bytes``). 5: a socket read of 256 KiB holds four 64 KiB
+frames and their headers, each a little under a quarter of it."""
 
 
 class Plane:
@@ -79,9 +88,9 @@ class Plane:
 class Inbox:
     """One channel's received bytes until its application reads them.
 
-    ``parts`` holds the payloads in order (``bytes``, each its own copy: a view would pin
-    the whole read it points into); the reader takes them (:meth:`take`) or moves them
-    into a buffer of its own (:meth:`take_all`). ``unconsumed`` counts every byte received
+    ``parts`` holds the payloads in order (``bytes``, or views of the immutable reads they
+    arrived in, see :data:`KEEP_VIEW`); the reader takes them (:meth:`take`: one copy at
+    most) or moves them into a buffer of its own (:meth:`take_all`). ``unconsumed`` counts every byte received
     and not yet consumed, wherever it is now (here or in the reader's buffer); ``pending``
     what was consumed and not yet reported to the core.
     """
@@ -95,6 +104,7 @@ class Inbox:
         "pending",
         "plane",
         "report_at",
+        "report_on_wait",
         "reporting",
         "size",
         "unconsumed",
@@ -104,13 +114,16 @@ class Inbox:
     def __init__(self, plane: Plane, handle: int) -> None:
         self.plane = plane
         self.handle = handle
-        self.parts: deque[bytes] = deque()
+        self.parts: deque[BytesLike] = deque()
         self.size = 0
         """Bytes in :attr:`parts`."""
         self.unconsumed = 0
         self.pending = 0
         self.report_at = 1
         """Report consumption once :attr:`pending` reaches this (the core sets it)."""
+        self.report_on_wait = False
+        """Report what was consumed when the reader waits (:attr:`report_at` is an
+        estimate: ``Engine.credit_estimated``)."""
         self.behind_at = 1 << 62
         """Unconsumed bytes past which the reader is behind (formats without credit:
         ``receive_window``; the core sets it)."""
@@ -127,16 +140,19 @@ class Inbox:
         return f"<Inbox #{self.handle} size={self.size} unconsumed={self.unconsumed} pending={self.pending}>"
 
     def take(self, n: int) -> bytes:
-        """Up to ``n`` (> 0) bytes from the front, consumed: a part as it is when it fits,
-        the front of a larger one, small parts joined up to ``n``. There must be some."""
+        """Up to ``n`` (> 0) bytes from the front, consumed, copied once at most: a part as
+        it is when it fits (or the front of a larger one), small parts joined up to ``n``.
+        There must be some."""
         parts = self.parts
         first = parts[0]
         size = len(first)
         if size > n:
-            data = first[:n]
-            parts[0] = first[n:]
+            view = first if first.__class__ is memoryview else memoryview(first)
+            parts[0] = view[n:]  # the rest stays a view: no copy of it per read
+            data = bytes(view[:n])
         elif size == n or len(parts) == 1 or size + len(parts[1]) > n:
-            data = parts.popleft()
+            parts.popleft()
+            data = first if first.__class__ is bytes else bytes(first)
         else:
             out = [parts.popleft()]
             while parts and size + len(parts[0]) <= n:
@@ -162,7 +178,14 @@ class Inbox:
             parts.append(bytes(part))
         self.size += n
 
-    def take_all(self) -> list[bytes]:
+    def waits(self) -> None:
+        """The reader waits for data: wake it when some arrives (and report what it
+        consumed, where :attr:`report_on_wait`)."""
+        self.waiting = True
+        if self.report_on_wait and self.pending:
+            self.plane.report(self)
+
+    def take_all(self) -> list[BytesLike]:
         """Every part, not consumed yet (the reader moves them into its own buffer)."""
         parts = list(self.parts)
         self.parts.clear()
@@ -213,7 +236,13 @@ class DataRuns:
         """``n`` bytes of ``record``'s data arrived (``payload``; may be a view)."""
         inbox = record.inbox
         if inbox is not None:  # (another channel's run may be pending: no matter, its own order holds)
-            inbox.parts.append(payload if payload.__class__ is bytes else bytes(payload))
+            if payload.__class__ is not bytes and (
+                payload.__class__ is not memoryview
+                or payload.obj.__class__ is not bytes
+                or n * KEEP_VIEW < len(payload.obj)
+            ):
+                payload = bytes(payload)
+            inbox.parts.append(payload)
             inbox.size += n
             unconsumed = inbox.unconsumed + n
             inbox.unconsumed = unconsumed

@@ -189,6 +189,7 @@ class CoreChannel:
         "low",
         "name",
         "paused",
+        "progress",
         "queued",
         "reading_paused",
         "receiving",
@@ -221,6 +222,7 @@ class CoreChannel:
         self.buf: deque[BytesLike] = NO_QUEUE
         self.buffered = 0  # written by the application, not yet handed to the engine
         self.queued = False  # in the scheduler's ready queue
+        self.progress = 0  # bytes handed to the engine since the close timer was last armed
         self.high = high  # the writer's high-water mark (drain() blocks above it) ...
         self.low = low  # ... and its low-water mark (drain() resumes at it)
         self.paused = False  # the writer's drain() blocks

@@ -53,6 +53,7 @@ from polymux.session import events as ce
 from polymux.session.budget import BACKLOG, Budget, Pressure
 from polymux.session.channels import NO_QUEUE, ChannelTable, CoreChannel, Sending, Step, Timer
 from polymux.session.controls import Controls
+from polymux.session.diagnosis import describe_end
 from polymux.session.lifecycle import Lifecycle
 from polymux.session.liveness import BUSY_READ, STALL_TIMEOUT_WITHOUT_CREDIT, Liveness
 from polymux.session.offers import NoRoomToOpen, OfferFilter, Offers
@@ -81,6 +82,8 @@ class SessionCore:
             on formats with no handshake too, it must send a whole frame within
             ``handshake_timeout`` of the connection, or the session ends. A channel we open
             lifts the deadline (the peer may then only listen).
+        is_client: which end of the connection this is, for the errors' words ("the
+            server closed ...") and for judging the peer's first bytes (``None``: unknown).
     """
 
     def __init__(
@@ -92,8 +95,10 @@ class SessionCore:
         offer_filter: OfferFilter | None = None,
         has_handler: bool = False,
         first_frame_deadline: bool = False,
+        is_client: bool | None = None,
     ) -> None:
         self.engine = engine
+        self.is_client = is_client
         self.config = config
         self.format = fmt = engine.format
         self.now = now
@@ -141,6 +146,8 @@ class SessionCore:
         """The connection is gone."""
         self._peer_received = 0  # bytes from the peer, counted up to EARLY
         self._peer_first = b""  # its first FIRST_BYTES bytes
+        self.peer_closed = False
+        """The peer closed the connection first (its end of stream came before ours)."""
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the clocks start (and, without a handshake, the session is
@@ -260,7 +267,7 @@ class SessionCore:
         try:
             events = engine.receive_data(data)
         except ProtocolError as exc:
-            self._fail(mismatch(self.format, exc, self._peer_first) if early else exc)
+            self._fail(mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc)
             return True
         runs = self.runs
         if events or engine.has_output or runs.received:
@@ -321,6 +328,7 @@ class SessionCore:
         if not channel.receiving.closed:
             self.engine.attach_inbox(handle, inbox)
         inbox.report_at = self._report_at(handle)
+        inbox.report_on_wait = self.engine.credit_estimated
         return inbox
 
     def _report_at(self, handle: int) -> int:
@@ -361,13 +369,14 @@ class SessionCore:
     def receive_eof(self) -> None:
         """The peer closed its side of the connection: the session is over (the driver
         then reports :meth:`connection_lost`)."""
+        self.peer_closed = not self.closing
         self.closing = True
         try:
             self.engine.receive_eof()
         except ProtocolError as exc:  # the connection ended inside a frame
             if self.error is None:
                 early = 0 < self._peer_received < EARLY  # all it ever sent: a few bytes
-                self.error = mismatch(self.format, exc, self._peer_first) if early else exc
+                self.error = mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc
                 self.failed = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -388,6 +397,7 @@ class SessionCore:
             cause = None
             error = SessionClosed(f"{self.format}: the session's connection was closed")
         error.__cause__ = cause
+        describe_end(self, error, exc)  # how it ended; why, when the peer never spoke the format
         if self.error is None:
             self.error = error
         for channel in list(self.channels.values()):
@@ -621,7 +631,8 @@ class SessionCore:
     def close_channel(self, handle: int) -> None:
         """``close()``: finish writing after the queued data and stop reading (what still
         arrives is dropped, its credit returned); reset if the peer does not end its side
-        within ``close_timeout``."""
+        within ``close_timeout``, or takes none of the queued data for that long (while
+        it takes some, the deadline moves on: closing never drops data a peer reads)."""
         channel = self.channels.get(handle)
         if channel is None or channel.receiving.closed:
             return
@@ -636,6 +647,7 @@ class SessionCore:
             self.ack(handle, n)
         self.lifecycle.set_slow(channel, False)
         self.write_eof(handle)
+        channel.progress = 0
         self.table.add_timer(self.now + self.config.close_timeout, Timer.CLOSE, handle)
 
     def reset(self, handle: int, message: str | None = None) -> None:
