@@ -1,7 +1,8 @@
 """The one event dispatch of both drivers (session/dispatch.py), with a recording driver:
-every event reaches the hook it names, a channel's events reach its channel object (and
-what nobody holds is credited back), a finished channel leaves the driver's table; and the
-input-slicing policy (session/slicing.py)."""
+every event reaches the hook it names or settles the waiter it concerns
+(session/waiters.py), a channel's events reach its channel object (and what nobody holds is
+credited back), a finished channel leaves the driver's table; and the input-slicing policy
+(session/slicing.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from polymux.formats import make_engine
 from polymux.session import SessionCore, events as ce
 from polymux.session.dispatch import Dispatcher
 from polymux.session.slicing import FULL_READ, SLICE, SLICE_FRAMES, SLICED_FOR, InputSlicer, dense
+from polymux.session.waiters import Waiter, Waiters
 from polymux.wire import mplex
 
 from .corekit import open_to, pair, pump
@@ -46,6 +48,16 @@ class Chan:
         self.log.append(("writing_stopped", self.handle, error))
 
 
+class Flag:
+    """A driver's signal (session/waiters.py): counts its wake-ups."""
+
+    def __init__(self) -> None:
+        self.woken = 0
+
+    def set(self) -> None:
+        self.woken += 1
+
+
 class Recorder:
     """A driver that records every hook call."""
 
@@ -53,35 +65,50 @@ class Recorder:
         self.core = core
         self.log: list[tuple[Any, ...]] = []
         self.channels: dict[int, Chan] = {}
-        self.opening: set[int] = set()
-        self.dispatcher = Dispatcher(core, self, self.channels, self.opening)
+        self.waiters: Waiters[Flag, str, str] = Waiters(core, Flag)
+        self.dispatcher = Dispatcher(core, self, self.channels, self.waiters)
         self.reentered: list[bool] = []
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("on_"):
             raise AttributeError(name)
 
-        def hook(*args: Any) -> None:
+        def hook(*args: Any) -> Any:
             self.log.append((name, *args))
             if name == "on_incoming":
                 self.channels[args[0]] = Chan(self.log, args[0])
             if name == "on_ready":
                 self.reentered.append(self.dispatcher.run())
+            return f"pair {args[0]}" if name == "on_pair_answered" else None
 
         return hook
 
 
 def run(
-    core: SessionCore, *events: ce.CoreEvent, channels: tuple[int, ...] = (), opening: tuple[int, ...] = ()
+    core: SessionCore,
+    *events: ce.CoreEvent,
+    channels: tuple[int, ...] = (),
+    opening: tuple[int, ...] = (),
+    rec: Recorder | None = None,
 ) -> list[tuple[Any, ...]]:
-    rec = Recorder(core)
+    rec = rec or Recorder(core)
     for handle in channels:
         rec.channels[handle] = Chan(rec.log, handle)
-    rec.opening.update(opening)
+    for handle in opening:
+        rec.waiters.opens.wait(handle)
     for event in events:
         core.emit(event)
     assert rec.dispatcher.run() is True
     return rec.log
+
+
+def outcome(waiter: Waiter[Flag, Any]) -> Any:
+    """What the waiter's task gets: its value, or the error it raises."""
+    assert waiter.signal.woken == 1
+    try:
+        return waiter.result()
+    except Exception as exc:  # noqa: BLE001 - the outcome under test
+        return exc
 
 
 def test_every_session_event_reaches_its_hook() -> None:
@@ -90,10 +117,6 @@ def test_every_session_event_reaches_its_hook() -> None:
     assert run(
         a,
         ce.Incoming(1, "in"),
-        ce.PingAnswered(7, 0.5),
-        ce.ControlArrived(),
-        ce.RoomToOpen(error, everyone=True),
-        ce.Answered(3, [b"answer"], None),
         ce.IncomingPair(5, 6, "pair"),
         ce.PairAnswered(9, 10, None),
         ce.PairFailed("p", error),
@@ -101,16 +124,63 @@ def test_every_session_event_reaches_its_hook() -> None:
         ce.Failed(error),
     ) == [
         ("on_incoming", 1, "in"),
-        ("on_ping_answered", 7, 0.5),
-        ("on_control",),
-        ("on_room_to_open", error, True),
-        ("on_answered", 3, [b"answer"], None),
         ("on_incoming_pair", 5, 6, "pair"),
-        ("on_pair_answered", 9, 10, None),
+        ("on_pair_answered", 9, 10),
         ("on_pair_failed", "p", error),
         ("on_ready",),
         ("on_failed", error),
     ]
+
+
+def test_what_tasks_wait_for_is_settled_by_its_event() -> None:
+    """Pings, requests, stream pairs, control messages and room to open: the event settles
+    the session's waiter of its key (and no other), the way both drivers see it."""
+    a, _b = pair("yamux", max_unacked_opens=1)
+    a.open_channel()  # unacknowledged: no room to open
+    rec = Recorder(a)
+    waiters = rec.waiters
+    ping, other_ping = waiters.pings.wait(7), waiters.pings.wait(8)
+    answered, refused = waiters.requests.wait(3), waiters.requests.wait(4)
+    paired, unpaired = waiters.pairs.wait(9), waiters.pairs.wait(11)
+    room = waiters.room._join(front=False)
+    control = waiters.control._join(front=False)
+    error = LimitExceeded("x")
+    rejected = ChannelRejected("yamux", "channel 4", "no")
+    log = run(
+        a,
+        ce.PingAnswered(7, 0.5),
+        ce.Answered(3, [b"ans", b"wer"], None),
+        ce.Answered(4, None, rejected),
+        ce.PairAnswered(9, 10, None),
+        ce.PairAnswered(11, None, error),
+        ce.RoomToOpen(error),
+        rec=rec,
+    )
+    assert log == [("on_pair_answered", 9, 10)]
+    assert outcome(ping) == 0.5 and other_ping.signal.woken == 0
+    assert outcome(answered) == [b"ans", b"wer"] and outcome(refused) is rejected
+    assert outcome(paired) == "pair 9" and paired.handle == 10 and outcome(unpaired) is error
+    assert outcome(room) is error
+    assert control.signal.woken == 0
+    a.controls.arrived(b"hello")
+    run(a, ce.ControlArrived(), rec=rec)
+    assert control.signal.woken == 1
+    # Room for the opens that wait, when there is room (everyone: all of them, to find
+    # that there is none any more).
+    opens = [waiters.room._join(front=False) for _ in range(3)]
+    run(a, ce.RoomToOpen(everyone=True), rec=rec)
+    assert [w.signal.woken for w in opens] == [1, 1, 1]
+
+
+def test_a_pair_answer_nobody_waits_for_is_reset() -> None:
+    """The peer's half of a pair given up meanwhile: made (its data may follow), then reset."""
+    a, b = pair("mplex")
+    _x, y = open_to(a, b)
+    rec = Recorder(b)
+    rec.channels[y] = Chan(rec.log, y)
+    log = run(b, ce.PairAnswered(99, y, None), rec=rec)
+    assert log[0] == ("on_pair_answered", 99, y)
+    assert y not in b.channels and log[1][:2] == ("finished", y)
 
 
 def test_a_hook_that_calls_back_in_takes_nothing() -> None:
@@ -144,19 +214,26 @@ def test_channel_events_reach_the_channel_and_opens_settle_only_when_awaited() -
         channels=(1,),
         opening=(2, 3),
     )
-    assert log[:8] == [
+    assert log == [
         ("data", 1, b"abcd", 4),
         ("remote_end", 1),
         ("resume", 1),
         ("writing_stopped", 1, stopped),
-        ("on_open_settled", 2, None),
-        ("on_open_settled", 3, rejected),
         ("finished", 1, None, None, False, True),
         ("finished", 1, None, None, False, False),
     ]
-    (settled,) = log[8:]
-    assert settled[:2] == ("on_open_settled", 3) and isinstance(settled[2], SessionClosed)
-    assert str(settled[2]) == "yamux: the channel ended"
+
+
+def test_opens_settle_by_acceptance_refusal_or_the_channels_end() -> None:
+    a, _b = pair("yamux")
+    rec = Recorder(a)
+    accepted, refused, ended = (rec.waiters.opens.wait(h) for h in (2, 3, 5))
+    rejected = ChannelRejected("yamux", "channel 3", "x")
+    run(a, ce.Accepted(2), ce.OpenFailed(3, rejected), ce.Finished(3), ce.Finished(5), rec=rec)
+    assert outcome(accepted) is None and outcome(refused) is rejected
+    error = outcome(ended)
+    assert isinstance(error, SessionClosed) and str(error) == "yamux: the channel ended"
+    assert not rec.waiters.opens.waiting
 
 
 def test_events_of_channels_the_driver_does_not_hold_change_nothing_but_credit() -> None:

@@ -3,7 +3,8 @@
 anyio one (``polymux.anyio.session`` over anyio TCP streams, channels as ByteStreams).
 Both only move bytes, time and events between the core and their I/O, so what a session
 does (limits, filters, budgets, keepalive, half-close, resets, pings, omnistreams stream
-pairs and control messages, requests) must not differ.
+pairs and control messages, requests, what waiting tasks get: session/waiters.py) must not
+differ.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import pytest
 from anyio.abc import SocketAttribute
 
 import polymux
+import polymux.aio.session as aio_session
 import polymux.anyio as pmanyio
+from polymux.session import events as ce
+from polymux.session.waiters import Waiters
+from polymux.wire.yamux import Decoder, Flag, GoAwayCode, Type, encode_header
 
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,6 +122,17 @@ class Side:
     @property
     def core(self) -> polymux.session.SessionCore:
         return self.session.mux.core if self.is_asyncio else self.session.core
+
+    @property
+    def waiters(self) -> Waiters[Any, Any, Any]:
+        return self.session.mux.waiters if self.is_asyncio else self.session.waiters  # type: ignore[no-any-return]
+
+    def process(self) -> None:
+        """Act on the core's events now (what the driver does after every read)."""
+        if self.is_asyncio:
+            self.session.mux.process()
+        else:
+            self.session._process()
 
     async def closed(self) -> None:
         await self.session.wait_closed()
@@ -520,3 +536,209 @@ async def test_no_requests_on_one_way_streams(driver: str) -> None:
     async with pair(driver, "omnistreams") as (client, _server):
         with pytest.raises(polymux.ChannelClosedError, match="a request has no way back"):
             await client.request(b"q")
+
+
+# -- what tasks wait for (session/waiters.py): the same on both drivers ---------------------------
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - the session's state has no event
+            await asyncio.sleep(0.01)
+
+
+class RawYamux:
+    """A yamux peer on 127.0.0.1 driven by the test: it records the streams opened to it,
+    acknowledges one when told (``ack``), and never answers a ping."""
+
+    def __init__(self) -> None:
+        self.syns: list[int] = []
+        self.server: asyncio.Server | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> Self:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        if self.writer is not None:
+            self.writer.transport.abort()
+        self.server.close()
+        await asyncio.wait_for(self.server.wait_closed(), 10)
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        decoder = Decoder(1 << 24)
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                for frame in decoder.feed(data):
+                    if frame.type in (Type.DATA, Type.WINDOW_UPDATE) and frame.flags & Flag.SYN:
+                        self.syns.append(frame.stream_id)
+
+    def send(self, frame: bytes) -> None:
+        assert self.writer is not None
+        self.writer.write(frame)
+
+    def ack(self, stream_id: int) -> None:
+        self.send(encode_header(Type.WINDOW_UPDATE, Flag.ACK, stream_id, 0))
+
+    def go_away(self) -> None:
+        self.send(encode_header(Type.GO_AWAY, 0, 0, GoAwayCode.NORMAL))
+
+    def cut(self) -> None:
+        """The connection is gone (reset)."""
+        assert self.writer is not None
+        self.writer.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def client_of(driver: str, peer: RawYamux, **options: Any) -> AsyncIterator[Side]:
+    """A yamux client session to ``peer``, run by ``driver`` (no keepalive: the peer never
+    answers a ping)."""
+    options = {"keepalive_interval": None, **options}
+    if driver == "asyncio":
+        session = await polymux.connect("127.0.0.1", peer.port, protocol="yamux", **options)
+        try:
+            yield Side(session)
+        finally:
+            session.abort()
+        return
+    async with (
+        await anyio.connect_tcp("127.0.0.1", peer.port) as stream,
+        pmanyio.session(stream, protocol="yamux", **options) as session,
+    ):
+        yield Side(session)
+
+
+def channel_id(chan: Chan) -> str:
+    """The wire id of a channel of ours, from its label ("channel 3 (local, 'a')")."""
+    if isinstance(chan.inner, tuple):
+        label = chan.inner[1].get_extra_info("channel")
+    else:
+        label = chan.inner.extra(pmanyio.ChannelAttribute.channel)
+    return str(label).split()[1]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_waiting_opens_go_in_order_one_per_acknowledgement(driver: str) -> None:
+    """With ``max_unacked_opens`` of our opens unacknowledged, opens wait first come, first
+    served, and each acknowledgement lets exactly one more go (anyio used to wake them all
+    to race for it)."""
+    async with RawYamux() as peer, client_of(driver, peer, max_unacked_opens=1) as client:
+        await client.open_one_way("a")
+        waiting = []
+        for i in range(3):
+            waiting.append(asyncio.ensure_future(client.open_one_way(f"w{i}")))
+            await until(lambda: len(client.waiters.room.waiting) == len(waiting))
+        for sid, task in zip((1, 3, 5), waiting, strict=True):
+            peer.ack(sid)
+            chan = await asyncio.wait_for(task, 10)
+            assert channel_id(chan) == str(sid + 2)
+            assert sum(t.done() for t in waiting) == waiting.index(task) + 1  # one at a time
+        await until(lambda: peer.syns == [1, 3, 5, 7])
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_an_open_that_comes_while_room_is_given_waits_behind(driver: str) -> None:
+    """Room freed for the first waiting open is its own: an open that starts before that
+    one has run goes behind it (it used to take the room and send the waiting one back)."""
+    async with RawYamux() as peer, client_of(driver, peer, max_unacked_opens=1) as client:
+        first = await client.open_one_way("a")
+        waiting = asyncio.ensure_future(client.open_one_way("waited"))
+        await until(lambda: len(client.waiters.room.waiting) == 1)
+        late = asyncio.ensure_future(client.open_one_way("late"))  # starts before `waiting` runs
+        await first.reset()  # (no await inside: room for one, now)
+        chan = await asyncio.wait_for(waiting, 10)
+        assert channel_id(chan) == "3" and not late.done()
+        await until(lambda: len(client.waiters.room.waiting) == 1)
+        peer.ack(3)
+        assert channel_id(await asyncio.wait_for(late, 10)) == "5"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_waiting_open_has_no_deadline_of_its_own(
+    driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One timeout rule on both drivers, the core's: an open the peer does not acknowledge
+    within ``stream_open_timeout`` is reset, and the room it frees fails the first waiting
+    open (tests/aio/test_yamux_unacked_opens.py, tests/anyio_tests). anyio used to add its
+    own: an open that had waited ``stream_open_timeout`` failed, whoever held the room.
+    Here the core's clock stands still, so its rule cannot fire: the waiting open outlives
+    five ``stream_open_timeout`` of real time, and opens once the peer acknowledges."""
+    async with (
+        RawYamux() as peer,
+        client_of(driver, peer, max_unacked_opens=1, stream_open_timeout=0.2) as client,
+    ):
+        frozen = client.core.now
+        monkeypatch.setattr(aio_session if driver == "asyncio" else pmanyio, "_clock", lambda: frozen)
+        await client.open_one_way("a")
+        waiting = asyncio.ensure_future(client.open_one_way("b"))
+        await until(lambda: len(client.waiters.room.waiting) == 1)
+        await asyncio.sleep(1.0)  # the time that passes is the subject here
+        assert not waiting.done()
+        peer.ack(1)
+        assert channel_id(await asyncio.wait_for(waiting, 10)) == "3"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_every_wait_fails_with_one_session_closed_when_the_connection_is_lost(driver: str) -> None:
+    """A ping, an open waiting for room and an accept, all waiting when the connection goes:
+    one SessionClosed, the same text on both drivers (they differed: 'session ended: ...' for
+    some, 'the session is closed' for others)."""
+    async with RawYamux() as peer, client_of(driver, peer, max_unacked_opens=1) as client:
+        await client.open_one_way("a")
+        waits = [
+            asyncio.ensure_future(client.ping()),
+            asyncio.ensure_future(client.open_one_way("b")),
+            asyncio.ensure_future(client.accept()),
+        ]
+        waiters = client.waiters
+        await until(lambda: bool(waiters.pings.waiting and waiters.room.waiting and waiters.incoming.waiting))
+        peer.cut()
+        errors = []
+        for task in waits:
+            with pytest.raises(polymux.SessionClosed) as info:
+                await asyncio.wait_for(task, 10)
+            errors.append(str(info.value))
+        assert len(set(errors)) == 1 and errors[0].startswith("yamux: session ended: "), errors
+        with pytest.raises(polymux.SessionClosed) as info:
+            await asyncio.wait_for(client.accept(), 10)  # and every wait begun later
+        assert str(info.value) == errors[0]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_an_accept_waits_through_the_peers_go_away_until_the_end(driver: str) -> None:
+    """After the peer's GoAway an accept still waits, until the connection is gone (the
+    asyncio driver's raised at once: a server iterating its session then closed while the
+    peer was still closing, and the peer saw a reset)."""
+    async with RawYamux() as peer, client_of(driver, peer) as client:
+        peer.go_away()
+        await until(lambda: client.core.peer_goaway is not None)
+        accept = asyncio.ensure_future(client.accept())
+        await until(lambda: len(client.waiters.incoming.waiting) == 1)
+        peer.cut()
+        with pytest.raises(polymux.SessionClosed, match="session ended"):
+            await asyncio.wait_for(accept, 10)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_control_message_for_a_reader_cancelled_before_it_ran_goes_to_the_next(driver: str) -> None:
+    """A message given to a receive_control() cancelled before it could return it is not
+    lost (asyncio lost it): the next reader gets it."""
+    async with pair(driver, "omnistreams") as (_client, server):
+        first = asyncio.ensure_future(server.receive_control())
+        second = asyncio.ensure_future(server.receive_control())
+        await until(lambda: len(server.waiters.control.waiting) == 2)
+        core = server.core
+        core.controls.arrived(b"only one")  # as a read of the peer's message does it
+        core.emit(ce.ControlArrived())
+        server.process()
+        first.cancel()  # before it ran
+        assert await asyncio.wait_for(second, 10) == b"only one"
+        assert first.cancelled()

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
@@ -27,9 +26,10 @@ from polymux.engine import Engine
 from polymux.engine.plane import Inbox
 from polymux.exceptions import SessionClosed
 from polymux.formats import Format, resolve
-from polymux.session import NoRoomToOpen, SessionCore
+from polymux.session import SessionCore
 from polymux.session.dispatch import Dispatcher
 from polymux.session.slicing import DENSE_FLOOR, TURN, InputSlicer
+from polymux.session.waiters import Waiter, Waiters
 
 
 __all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
@@ -92,6 +92,16 @@ OfferFilter = Callable[[str], bool]
 
 StreamPair = Channel  # a (reader, writer) tuple, and an async context manager that closes it
 
+T = TypeVar("T")
+
+
+class _Wake(asyncio.Future[None]):
+    """The signal of a waiter (``polymux.session.waiters``): a future its task awaits."""
+
+    def set(self) -> None:
+        if not self.done():
+            self.set_result(None)
+
 
 class MuxProtocol(asyncio.Protocol):
     """Runs one session core on one connection (see the module docstring)."""
@@ -126,11 +136,11 @@ class MuxProtocol(asyncio.Protocol):
         check_handler(self.engine.format, self.engine.one_way, handler)
         self._transport: asyncio.Transport | None = None
         self._channels: dict[int, ChannelTransport] = {}
-        self._offers: dict[int, asyncio.Future[None]] = {}  # our opens waiting for acceptance
-        self._dispatcher = Dispatcher(self.core, self, self._channels, self._offers)
-        self._incoming: deque[tuple[str, int, StreamPair]] = deque()
-        self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
-        self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
+        loop = self.loop  # What tasks wait for (polymux.session.waiters): a future each.
+        self.waiters: Waiters[_Wake, tuple[ChannelStreamReader, ChannelTransport], StreamPair] = Waiters(
+            self.core, lambda: _Wake(loop=loop)
+        )
+        self._dispatcher = Dispatcher(self.core, self, self._channels, self.waiters)
         self._flush_pending = False
         self._write_paused = False
         self._reading = True
@@ -144,11 +154,7 @@ class MuxProtocol(asyncio.Protocol):
         # (one message a call over WebSocket: never sliced)
         self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
         self._slice_handle: asyncio.Handle | None = None
-        self._pings: dict[int, asyncio.Future[float]] = {}
         self._capture: CaptureSink | None = None
-        self._control_waiters: deque[asyncio.Future[bytes]] = deque()
-        self._pairs: dict[int, asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]]] = {}
-        self._answers: dict[int, asyncio.Future[list[bytes]]] = {}  # requests, by channel
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready: asyncio.Future[None] = self.loop.create_future()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -264,32 +270,12 @@ class MuxProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        core = self.core
-        core.connection_lost(exc)
+        self.core.connection_lost(exc)
         self.process()  # every channel, open, pair and request ends
-        error = SessionClosed(f"{core.format}: session ended: {core.error}")
-        error.__cause__ = core.error
-        for fut in self._offers.values():
-            if not fut.done():
-                fut.set_exception(error)
-        self._offers.clear()
-        for _name, waiter in self._accept_waiters:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self._accept_waiters.clear()
+        self.waiters.lost()  # and every other wait
         if not self.ready.done():
-            self.ready.set_exception(error)
+            self.ready.set_exception(self.waiters.closed_error())
             self.ready.exception()  # a server's session may have nobody awaiting its handshake
-        for ping in self._pings.values():
-            if not ping.done():
-                ping.set_exception(error)
-                ping.exception()  # nobody may await it: no "never retrieved" log
-        self._pings.clear()
-        for control in self._control_waiters:
-            if not control.done():
-                control.set_exception(error)
-        self._control_waiters.clear()
-        self._wake_openers(everyone=True)
         self._wake()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -376,38 +362,6 @@ class MuxProtocol(asyncio.Protocol):
         if core.has_output and not self._write_paused:  # paused: resume_writing() flushes
             self.want_flush()
         self._arm_timer()
-
-    def on_open_settled(self, handle: int, error: BaseException | None) -> None:
-        """An open we wait for was accepted (``error`` None) or failed."""
-        fut = self._offers.pop(handle)
-        if not fut.done():
-            if error is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(error)
-
-    def on_ping_answered(self, opaque: int, rtt: float) -> None:
-        """A ping of ours was answered."""
-        ping = self._pings.pop(opaque, None)
-        if ping is not None and not ping.done():
-            ping.set_result(rtt)
-
-    def on_control(self) -> None:
-        """A control message waits: the first reader waiting gets it."""
-        while self._control_waiters:
-            waiter = self._control_waiters[0]
-            if waiter.done():
-                self._control_waiters.popleft()
-                continue
-            data = self.core.take_control()
-            if data is None:
-                return
-            self._control_waiters.popleft()
-            waiter.set_result(data)
-
-    def on_room_to_open(self, error: Exception | None, everyone: bool) -> None:
-        """Waiting opens may try again."""
-        self._wake_openers(error=error, everyone=everyone)
 
     def on_ready(self) -> None:
         """The handshake is done."""
@@ -513,8 +467,7 @@ class MuxProtocol(asyncio.Protocol):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        self._incoming.append((name, handle, pair))
-        self._serve_accept_waiters()
+        self.waiters.incoming.add(name, handle, pair)
 
     def on_pair_failed(self, name: str, error: Exception) -> None:
         """The peer's stream pair could not be answered (the core reset its half)."""
@@ -554,31 +507,20 @@ class MuxProtocol(asyncio.Protocol):
         finally:
             self.core.handler_finished()
 
-    def _serve_accept_waiters(self) -> None:
-        for waiter_entry in list(self._accept_waiters):
-            want, waiter = waiter_entry
-            if waiter.done():
-                self._accept_waiters.remove(waiter_entry)
-                continue
-            for entry in self._incoming:
-                if want is None or entry[0] == want:
-                    self._incoming.remove(entry)
-                    self._accept_waiters.remove(waiter_entry)
-                    self.core.taken(entry[1])
-                    waiter.set_result(entry[2])
-                    break
+    async def _wait(self, waiter: Waiter[_Wake, T]) -> T:
+        """Await one of the session's waiters; a task that stops waiting leaves."""
+        try:
+            await waiter.signal
+        except BaseException:
+            waiter.leave()
+            self.process()  # (what leaving made the core do: a request cancelled)
+            raise
+        return waiter.result()
 
     async def accept(self, name: str | None) -> StreamPair:
         """Wait for an incoming channel (named ``name``, if given)."""
-        for entry in self._incoming:
-            if name is None or entry[0] == name:
-                self._incoming.remove(entry)
-                self.core.taken(entry[1])
-                return entry[2]
-        self.core.check_open()
-        waiter: asyncio.Future[StreamPair] = self.loop.create_future()
-        self._accept_waiters.append((name, waiter))
-        return await waiter
+        got = self.waiters.incoming.take(name)
+        return await self._wait(got) if isinstance(got, Waiter) else got
 
     # -- control messages --------------------------------------------------------------------
 
@@ -589,32 +531,28 @@ class MuxProtocol(asyncio.Protocol):
 
     async def receive_control(self) -> bytes:
         """The next control message from the peer."""
-        data = self.core.take_control()
-        if data is not None:
-            self.process()  # reading may resume
-            return data
-        if self._transport is None:
-            raise self._closed_error()
-        waiter: asyncio.Future[bytes] = self.loop.create_future()
-        self._control_waiters.append(waiter)
-        return await waiter
+        control = self.waiters.control
+        take = self.core.take_control
+        got = control.attempt(take)
+        while isinstance(got, Waiter):
+            await self._wait(got)
+            got = control.attempt(take, turn=True)
+        self.process()  # reading may resume
+        return got
 
     # -- opening channels, pairs and requests ------------------------------------------------
 
     async def _open(self, open_: Callable[[], int]) -> int:
         """Call ``open_`` (a core call that opens a channel) once the handshake is done
-        and there is room (``max_unacked_opens``); return its handle."""
+        and there is room (``max_unacked_opens``: in order, see ``polymux.session.waiters``);
+        return its handle."""
         await self.ready
-        woken = False
-        if self._open_room:  # others wait for room: behind them
-            await self._room_to_open()
-            woken = True
-        while True:
-            try:
-                return open_()
-            except NoRoomToOpen:
-                await self._room_to_open(front=woken)  # woken for a slot another took: keep our place
-                woken = True
+        room = self.waiters.room
+        got = room.attempt(open_)
+        while isinstance(got, Waiter):
+            await self._wait(got)
+            got = room.attempt(open_, turn=True)
+        return got
 
     async def open_channel(
         self,
@@ -635,13 +573,11 @@ class MuxProtocol(asyncio.Protocol):
         if core.channels[handle].accepted:  # usable at once (mplex, yamux)
             self.process()
             return channel
-        fut: asyncio.Future[None] = self.loop.create_future()
-        self._offers[handle] = fut
+        accepted = self.waiters.opens.wait(handle)
         self.process()
         try:
-            await fut
+            await self._wait(accepted)
         except asyncio.CancelledError:
-            self._offers.pop(handle, None)
             channel.abort()  # rescinds the offer
             raise
         return channel
@@ -653,93 +589,31 @@ class MuxProtocol(asyncio.Protocol):
         out = ChannelTransport(self, handle, core.engine.channel_name(handle), local=True)
         self._channels[handle] = out
         _out_reader, protocol = self._stream(out)
-        answer: asyncio.Future[tuple[ChannelStreamReader, ChannelTransport]] = self.loop.create_future()
-        self._pairs[handle] = answer
+        answer = self.waiters.pairs.wait(handle)
         self.process()
         try:
-            reader, inbound = await answer
+            reader, inbound = await self._wait(answer)
         except BaseException:
-            self._pairs.pop(handle, None)
             out.abort()
             raise
         out.partner = inbound
         return Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop))
 
-    def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
-        """Our pair got its second half (ours to read), or failed."""
-        answer = self._pairs.pop(handle, None)
-        if inbound is None:
-            if answer is not None and not answer.done():
-                answer.set_exception(error or self._closed_error())
-            return
+    def on_pair_answered(self, handle: int, inbound: int) -> tuple[ChannelStreamReader, ChannelTransport]:
+        """Our pair got its second half (ours to read)."""
         channel = ChannelTransport(self, inbound, self.engine.channel_name(inbound), local=False)
         self._channels[inbound] = channel
         reader, _protocol = self._stream(channel)
-        if answer is None or answer.done():
-            channel.abort()  # an answer nobody waits for any more
-        else:
-            answer.set_result((reader, channel))
+        return reader, channel
 
     async def request(self, body: bytes, name: str, limit: int | None) -> bytes:
         """A request: see :meth:`Session.request`."""
         core = self.core
         handle = await self._open(lambda: core.request(name, body, limit))
-        answer: asyncio.Future[list[bytes]] = self.loop.create_future()
-        self._answers[handle] = answer
+        answer = self.waiters.requests.wait(handle)  # (cancelled: reset on the wire)
         self.process()
-        try:
-            return b"".join(await answer)  # joined here, not in the read that completed it
-        except asyncio.CancelledError:
-            if self._answers.pop(handle, None) is not None:
-                core.cancel_request(handle)  # cancel the request on the wire
-                self.process()
-            raise
-
-    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
-        """A request is over."""
-        fut = self._answers.pop(handle, None)
-        if fut is not None and not fut.done():
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(parts or [])
-
-    async def _room_to_open(self, front: bool = False) -> None:
-        """Wait, in order, until fewer than ``max_unacked_opens`` of our opens await the
-        peer's acknowledgement (as hashicorp's ``OpenStream`` does: its peer resets SYNs
-        beyond its accept backlog). Bounded: the oldest open times out within
-        ``stream_open_timeout``, and a slot freed that way fails the first waiting open."""
-        self.core.check_open()
-        waiter: asyncio.Future[None] = self.loop.create_future()
-        if front:
-            self._open_room.appendleft(waiter)
-        else:
-            self._open_room.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter in self._open_room:
-                self._open_room.remove(waiter)
-            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._wake_openers()  # we were given room and leave: pass it on
-            raise
-        self.core.check_open()
-
-    def _wake_openers(self, *, error: Exception | None = None, everyone: bool = False) -> None:
-        """Wake as many waiting opens as there is room for (``everyone``: all of them);
-        ``error``: the first one fails with it instead."""
-        if error is not None:
-            while self._open_room:
-                waiter = self._open_room.popleft()
-                if not waiter.done():
-                    waiter.set_exception(error)
-                    break
-        room = len(self._open_room) if everyone or self.core.lost else self.core.room_to_open
-        while room > 0 and self._open_room:
-            waiter = self._open_room.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                room -= 1
+        parts = await self._wait(answer)
+        return b"".join(parts)  # joined here, not in the read that completed it
 
     # -- the send scheduler ------------------------------------------------------------------
 
@@ -821,19 +695,13 @@ class MuxProtocol(asyncio.Protocol):
         core = self.core
         if self._transport is None or core.failed:
             raise self._closed_error()
-        opaque = core.ping(_clock())
-        fut: asyncio.Future[float] = self.loop.create_future()
-        self._pings[opaque] = fut
+        answer = self.waiters.pings.wait(core.ping(_clock()))
         self.process()
         try:
             async with asyncio.timeout(self.config.keepalive_timeout):
-                return await asyncio.shield(fut)
+                return await self._wait(answer)
         except TimeoutError:
-            self._pings.pop(opaque, None)
-            core.forget_ping(opaque)
-            raise SessionClosed(
-                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
-            ) from None
+            raise self.waiters.ping_timed_out() from None
 
     # -- ending ------------------------------------------------------------------------------
 

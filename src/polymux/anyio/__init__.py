@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 from polymux._extras import require
 
@@ -31,18 +31,18 @@ require("anyio", "polymux.anyio")  # a one-line error naming the extra, not a ba
 
 import anyio
 from anyio.abc import ByteStream, SocketAttribute
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
 from polymux.config import SessionConfig, SessionOptions
 from polymux.engine import Engine
 from polymux.engine.plane import Inbox
-from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
+from polymux.exceptions import ChannelClosedError, PolymuxError, SessionClosed
 from polymux.formats import Format, resolve
-from polymux.session import NoRoomToOpen, SessionCore
+from polymux.session import SessionCore
 from polymux.session.dispatch import Dispatcher
 from polymux.session.slicing import DENSE_FLOOR, TURN, InputSlicer
+from polymux.session.waiters import Waiter, Waiters
 
 
 logger = logging.getLogger("polymux")
@@ -366,6 +366,8 @@ Incoming = AnyioChannel | AnyioPair
 """What :meth:`AnyioSession.accept_channel` returns: a channel, or (one-way formats) the
 peer's stream pair."""
 
+T = TypeVar("T")
+
 
 class AnyioSession:
     """A polymux session run by anyio over any ``ByteStream``; use :func:`session`.
@@ -399,14 +401,9 @@ class AnyioSession:
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
-        self._offers: dict[int, anyio.Event] = {}  # our opens waiting for acceptance
-        self._open_errors: dict[int, BaseException] = {}
-        self._dispatcher = Dispatcher(self.core, self, self._channels, self._offers)
-        self._room = anyio.Event()  # set when waiting opens may try again
-        self._room_error: Exception | None = None
-        send, receive = anyio.create_memory_object_stream[Incoming](config.accept_backlog + 1)
-        self._incoming_send: MemoryObjectSendStream[Incoming] = send
-        self._incoming: MemoryObjectReceiveStream[Incoming] = receive
+        # What tasks wait for (polymux.session.waiters): an anyio event each.
+        self.waiters: Waiters[anyio.Event, AnyioChannel, Incoming] = Waiters(self.core, anyio.Event)
+        self._dispatcher = Dispatcher(self.core, self, self._channels, self.waiters)
         self._ready = anyio.Event()
         self._send_lock = anyio.Lock()
         self._output = anyio.Event()  # the core may have bytes for the writer task
@@ -415,10 +412,6 @@ class AnyioSession:
         self._deadline = anyio.Event()  # the core's next deadline may have moved
         self._timer_at: float | None = None  # the deadline _timers waits for (None: none)
         self._done = anyio.Event()
-        self._pings: dict[int, tuple[anyio.Event, list[float]]] = {}
-        self._pairs: dict[int, tuple[anyio.Event, list[AnyioChannel | Exception]]] = {}
-        self._answers: dict[int, tuple[anyio.Event, list[list[bytes] | Exception]]] = {}
-        self._control = anyio.Event()  # set when a control message may wait
         self._capture: CaptureSink | None = None
         self._in_flight = 0  # bytes of the batch the stream is sending
         self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
@@ -461,38 +454,29 @@ class AnyioSession:
         """The latest measured round-trip time (formats with pings), or None."""
         return self.engine.rtt
 
-    def _closed_error(self) -> SessionClosed:
-        error = SessionClosed(f"{self.engine.format}: the session is closed")
-        error.__cause__ = self.error
-        return error
+    async def _wait(self, waiter: Waiter[anyio.Event, T]) -> T:
+        """Await one of the session's waiters; a task that stops waiting leaves."""
+        try:
+            await waiter.signal.wait()
+        except BaseException:
+            waiter.leave()
+            self._process()  # (what leaving made the core do: a request cancelled)
+            raise
+        return waiter.result()
 
     # -- opening channels, pairs and requests ------------------------------------------------
 
     async def _open(self, open_: Callable[[], int]) -> int:
         """Call ``open_`` (a core call that opens a channel) once the handshake is done and
-        there is room (``max_unacked_opens``); return its handle."""
+        there is room (``max_unacked_opens``: in order, see ``polymux.session.waiters``);
+        return its handle."""
         await self._wait_ready()
-        try:
-            with anyio.fail_after(self.config.stream_open_timeout):
-                while True:
-                    try:
-                        return open_()
-                    except NoRoomToOpen:
-                        # One event for every waiting open (each making its own would
-                        # leave all but the last unwoken): a new one once it has fired.
-                        if self._room.is_set():
-                            self._room = anyio.Event()
-                        await self._room.wait()
-                        if self._room_error is not None:
-                            error, self._room_error = self._room_error, None
-                            raise error from None
-        except TimeoutError:
-            config = self.config
-            raise LimitExceeded(
-                f"{self.engine.format}: no room to open a channel: max_unacked_opens={config.max_unacked_opens} "
-                f"opened channels await the peer's acknowledgement, none within "
-                f"stream_open_timeout={config.stream_open_timeout:g} s"
-            ) from None
+        room = self.waiters.room
+        got = room.attempt(open_)
+        while isinstance(got, Waiter):
+            await self._wait(got)
+            got = room.attempt(open_, turn=True)
+        return got
 
     async def open_channel(self, name: str = "") -> AnyioChannel:
         """Open a channel; returns once the peer accepted it (where the format asks).
@@ -509,16 +493,13 @@ class AnyioSession:
         if core.channels[handle].accepted:
             self._process()
             return channel
-        accepted = self._offers[handle] = anyio.Event()
+        accepted = self.waiters.opens.wait(handle)
         self._process()
         try:
-            await accepted.wait()
+            await self._wait(accepted)
         except BaseException:
-            self._offers.pop(handle, None)
             await channel.reset()
             raise
-        if handle in self._open_errors:
-            raise self._open_errors.pop(handle)
         return channel
 
     async def open_pair(self, name: str = "") -> AnyioChannel | AnyioPair:
@@ -535,18 +516,14 @@ class AnyioSession:
         handle = await self._open(lambda: core.open_pair(name))
         out = AnyioChannel(self, handle, core.engine.channel_name(handle), local=True)
         self._channels[handle] = out
-        answered, result = self._pairs[handle] = (anyio.Event(), [])
+        answer = self.waiters.pairs.wait(handle)
         self._process()
         try:
-            await answered.wait()
+            inbound = await self._wait(answer)
         except BaseException:
-            self._pairs.pop(handle, None)
             await out.reset()
             raise
-        got = result[0] if result else self._closed_error()
-        if isinstance(got, Exception):
-            raise got
-        return AnyioPair(got, out)
+        return AnyioPair(inbound, out)
 
     async def request(self, body: bytes, name: str = "", *, limit: int | None = None) -> bytes:
         """Send ``body`` on a new channel, end it, and return everything the peer answers
@@ -556,29 +533,19 @@ class AnyioSession:
         :class:`~polymux.exceptions.ChannelRejected`, :class:`~polymux.exceptions.SessionClosed` ...)."""
         core = self.core
         handle = await self._open(lambda: core.request(name, body, limit))
-        answered, result = self._answers[handle] = (anyio.Event(), [])
+        answer = self.waiters.requests.wait(handle)  # (cancelled: reset on the wire)
         self._process()
-        try:
-            await answered.wait()
-        except BaseException:
-            if self._answers.pop(handle, None) is not None:
-                core.cancel_request(handle)  # cancel the request on the wire
-                self._process()
-            raise
-        got = result[0] if result else self._closed_error()
-        if isinstance(got, Exception):
-            raise got
-        return b"".join(got)  # joined here, not in the read that completed it
+        parts = await self._wait(answer)
+        return b"".join(parts)  # joined here, not in the read that completed it
 
     async def accept_channel(self) -> Incoming:
-        """The next channel the peer opened (on one-way formats, its stream pairs too)."""
-        try:
-            incoming = await self._incoming.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
-        channel = incoming.reader if isinstance(incoming, AnyioPair) else incoming
-        self.core.taken(channel._handle)
-        return incoming
+        """The next channel the peer opened (on one-way formats, its stream pairs too).
+        Raises :class:`~polymux.exceptions.SessionClosed` when the session ends first."""
+        got = self.waiters.incoming.take()
+        if isinstance(got, Waiter):
+            return await self._wait(got)
+        await anyio.lowlevel.checkpoint()  # (an accept loop lets the others run)
+        return got
 
     def __aiter__(self) -> AsyncIterator[Incoming]:
         return self._iterate()
@@ -595,24 +562,13 @@ class AnyioSession:
     async def ping(self) -> float:
         """Ping the peer; the round-trip time in seconds (formats with pings)."""
         await self._wait_ready()
-        opaque = self.core.ping(_clock())
-        answered = anyio.Event()
-        rtt: list[float] = []
-        self._pings[opaque] = (answered, rtt)
+        answer = self.waiters.pings.wait(self.core.ping(_clock()))
         self._process()
         try:
             with anyio.fail_after(self.config.keepalive_timeout):
-                await answered.wait()
+                return await self._wait(answer)
         except TimeoutError:
-            self.core.forget_ping(opaque)
-            raise SessionClosed(
-                f"{self.engine.format}: no answer to a ping within {self.config.keepalive_timeout:g} s"
-            ) from None
-        finally:
-            self._pings.pop(opaque, None)
-        if not rtt:
-            raise SessionClosed(f"{self.engine.format}: the session is closed") from self.error
-        return rtt[0]
+            raise self.waiters.ping_timed_out() from None
 
     def send_control(self, data: bytes) -> None:
         """Send a control message: session-level bytes (omnistreams)."""
@@ -622,16 +578,14 @@ class AnyioSession:
     async def receive_control(self) -> bytes:
         """Wait for the peer's next control message (omnistreams). Raises
         :class:`~polymux.exceptions.SessionClosed` when the session ends first."""
-        while True:
-            data = self.core.take_control()
-            if data is not None:
-                self._process()  # reading may resume
-                return data
-            if self._done.is_set():
-                raise self._closed_error()
-            if self._control.is_set():
-                self._control = anyio.Event()
-            await self._control.wait()
+        control = self.waiters.control
+        take = self.core.take_control
+        got = control.attempt(take)
+        while isinstance(got, Waiter):
+            await self._wait(got)
+            got = control.attempt(take, turn=True)
+        self._process()  # reading may resume
+        return got
 
     async def aclose(self) -> None:
         """Say goodbye where the format can, and close the stream."""
@@ -669,76 +623,27 @@ class AnyioSession:
         if when is not None and (at is None or when < at):
             self._deadline.set()
 
-    def _queue_incoming(self, incoming: Incoming, *handles: int) -> None:
-        try:
-            self._incoming_send.send_nowait(incoming)
-        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            for handle in handles:  # the core bounds the backlog; this is a closed session
-                self.core.reset(handle)
-
     def on_incoming(self, handle: int, name: str) -> None:
         """The peer opened a channel: to ``accept_channel``."""
         channel = AnyioChannel(self, handle, name, local=False)
         self._channels[handle] = channel
-        self._queue_incoming(channel, handle)
+        self.waiters.incoming.add(name, handle, channel)
 
     def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
         """The peer opened a stream pair (the core answered it): to ``accept_channel``."""
         reader = self._channels[handle] = AnyioChannel(self, handle, name, local=False)
         writer = self._channels[reply] = AnyioChannel(self, reply, name, local=True)
-        self._queue_incoming(AnyioPair(reader, writer), handle, reply)
+        self.waiters.incoming.add(name, handle, AnyioPair(reader, writer))
 
-    def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
-        """Our pair got its second half, or failed."""
-        entry = self._pairs.pop(handle, None)
-        if inbound is None:
-            if entry is not None:
-                entry[1].append(error or self._closed_error())
-                entry[0].set()
-            return
-        channel = self._channels[inbound] = AnyioChannel(
-            self, inbound, self.engine.channel_name(inbound), local=False
-        )
-        if entry is None:
-            self.core.reset(inbound)  # an answer nobody waits for any more
-            return
-        entry[1].append(channel)
-        entry[0].set()
+    def on_pair_answered(self, handle: int, inbound: int) -> AnyioChannel:
+        """Our pair got its second half (ours to read)."""
+        channel = AnyioChannel(self, inbound, self.engine.channel_name(inbound), local=False)
+        self._channels[inbound] = channel
+        return channel
 
     def on_pair_failed(self, name: str, error: Exception) -> None:
         """The peer's stream pair could not be answered (the core reset its half)."""
         logger.info("%s: cannot answer the stream pair %r: %s", self.engine.format, name, error)
-
-    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
-        """A request is over."""
-        entry = self._answers.pop(handle, None)
-        if entry is not None:
-            entry[1].append(error if error is not None else parts or [])
-            entry[0].set()
-
-    def on_open_settled(self, handle: int, error: BaseException | None) -> None:
-        """An open we wait for was accepted (``error`` None) or failed."""
-        accepted = self._offers.pop(handle)
-        if error is not None:
-            self._open_errors[handle] = error
-        accepted.set()
-
-    def on_ping_answered(self, opaque: int, rtt: float) -> None:
-        """A ping of ours was answered."""
-        entry = self._pings.get(opaque)
-        if entry is not None:
-            entry[1].append(rtt)
-            entry[0].set()
-
-    def on_control(self) -> None:
-        """A control message waits: wake ``receive_control``."""
-        self._control.set()
-
-    def on_room_to_open(self, error: Exception | None, everyone: bool) -> None:
-        """Waiting opens may try again (``error``: the first fails with it)."""
-        if error is not None:
-            self._room_error = error
-        self._room.set()
 
     def on_ready(self) -> None:
         """The handshake is done."""
@@ -885,18 +790,8 @@ class AnyioSession:
         if self.error is None:
             self.error = core.error if core.failed else exc  # what broke it, as it was raised
         core.connection_lost(exc)
-        self._process()
-        error = SessionClosed(
-            f"{self.engine.format}: the session ended" + (f": {self.error}" if self.error else "")
-        )
-        error.__cause__ = self.error
-        for handle in list(self._offers):
-            self.on_open_settled(handle, error)
-        for entry in self._pings.values():
-            entry[0].set()
-        self._control.set()
-        self._room.set()
-        self._incoming_send.close()
+        self._process()  # every channel, open, pair and request ends
+        self.waiters.lost()  # and every other wait
         self._ready.set()
         self._done.set()
         self._output.set()
@@ -905,7 +800,6 @@ class AnyioSession:
 
     def _release(self) -> None:
         """Close what the session owns that has no peer to wait for."""
-        self._incoming.close()
         if self._capture is not None:
             capture, self._capture = self._capture, None
             capture.close()

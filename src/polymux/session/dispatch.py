@@ -2,20 +2,22 @@
 
 A driver (:mod:`polymux.aio`, :mod:`polymux.anyio`) keeps one object per channel (a
 :class:`DriverChannel`: its transport, its stream) and implements :class:`Driver`'s hooks
-for what concerns the session (new channels, opens that settle, pings, control messages,
-the end). :meth:`Dispatcher.run` takes the core's events, in order, and calls them; the
-driver then follows the core's reading state, output and deadline, which is I/O.
+for what needs its objects (new channels, the end). What the application's tasks wait for
+(opens, room to open, pings, pairs, requests, control messages) is settled here, in the
+session's :class:`~polymux.session.waiters.Waiters`. :meth:`Dispatcher.run` takes the
+core's events, in order, and acts on them; the driver then follows the core's reading
+state, output and deadline, which is I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from polymux._types import BytesLike
 from polymux.exceptions import SessionClosed
 from polymux.session import events as ce
 from polymux.session.core import SessionCore
+from polymux.session.waiters import Waiters
 
 
 __all__ = ["Dispatcher", "Driver", "DriverChannel"]
@@ -57,27 +59,13 @@ class Driver(Protocol):
     def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
         """The peer opened a stream pair: read ``handle``, write ``reply``."""
 
-    def on_open_settled(self, handle: int, error: BaseException | None) -> None:
-        """An open the driver waits for (in its ``opening``) was accepted (``error``
-        None) or failed."""
-
-    def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
-        """Our stream pair (first half ``handle``) got its second half, or failed."""
+    def on_pair_answered(self, handle: int, inbound: int) -> object:
+        """Our stream pair (first half ``handle``) got its second half ``inbound``: make its
+        driver channel (synchronously: its data may follow in the same read) and return
+        what the pair's task gets (``Waiters.pairs``)."""
 
     def on_pair_failed(self, name: str, error: Exception) -> None:
         """The peer's stream pair could not be answered (for the log)."""
-
-    def on_answered(self, handle: int, parts: list[bytes] | None, error: Exception | None) -> None:
-        """A request is over (``parts``: its answer, to join)."""
-
-    def on_ping_answered(self, opaque: int, rtt: float) -> None:
-        """A ping was answered."""
-
-    def on_control(self) -> None:
-        """A control message waits (``SessionCore.take_control``)."""
-
-    def on_room_to_open(self, error: Exception | None, everyone: bool) -> None:
-        """Waiting opens may try again (see :class:`~polymux.session.events.RoomToOpen`)."""
 
     def on_ready(self) -> None:
         """The handshake is done."""
@@ -97,22 +85,22 @@ class Dispatcher(Generic[C]):
         core: the session's core.
         driver: its hooks.
         channels: the driver's channel objects by handle (a finished one is removed here).
-        opening: the handles of opens the driver waits for (``on_open_settled``).
+        waiters: the session's waiters (settled here).
     """
 
-    __slots__ = ("busy", "channels", "core", "driver", "opening")
+    __slots__ = ("busy", "channels", "core", "driver", "waiters")
 
     def __init__(
         self,
         core: SessionCore,
         driver: Driver,
         channels: dict[int, C],
-        opening: Container[int],
+        waiters: Waiters[Any, Any, Any],
     ) -> None:
         self.core = core
         self.driver = driver
         self.channels = channels
-        self.opening = opening
+        self.waiters = waiters
         self.busy = False
 
     def run(self) -> bool:
@@ -124,6 +112,7 @@ class Dispatcher(Generic[C]):
         core = self.core
         driver = self.driver
         channels = self.channels
+        waiters = self.waiters
         pending = core.pending
         try:
             # In place: what a hook makes the core say is appended, and taken in turn.
@@ -144,9 +133,9 @@ class Dispatcher(Generic[C]):
                             drop_unread=event.drop_unread,
                             lingering=event.lingering,
                         )
-                    if handle in self.opening:
+                    if handle in waiters.opens:
                         error = event.error or SessionClosed(f"{core.format}: the channel ended")
-                        driver.on_open_settled(handle, error)
+                        waiters.opens.fail(handle, error)
                 elif isinstance(event, ce.Ended):
                     channel = channels.get(event.handle)
                     if channel is not None:
@@ -158,27 +147,34 @@ class Dispatcher(Generic[C]):
                 elif isinstance(event, ce.Incoming):
                     driver.on_incoming(event.handle, event.name)
                 elif isinstance(event, ce.Accepted):
-                    if event.handle in self.opening:
-                        driver.on_open_settled(event.handle, None)
+                    waiters.opens.settle(event.handle, None)
                 elif isinstance(event, ce.OpenFailed):
-                    if event.handle in self.opening:
-                        driver.on_open_settled(event.handle, event.error)
+                    waiters.opens.fail(event.handle, event.error)
                 elif isinstance(event, ce.WritingStopped):
                     channel = channels.get(event.handle)
                     if channel is not None:
                         channel.writing_stopped(event.error)
                 elif isinstance(event, ce.PingAnswered):
-                    driver.on_ping_answered(event.opaque, event.rtt)
+                    waiters.pings.settle(event.opaque, event.rtt)
                 elif isinstance(event, ce.ControlArrived):
-                    driver.on_control()
+                    waiters.control.serve()
                 elif isinstance(event, ce.RoomToOpen):
-                    driver.on_room_to_open(event.error, event.everyone)
+                    waiters.room_to_open(event.error, event.everyone)
                 elif isinstance(event, ce.Answered):
-                    driver.on_answered(event.handle, event.parts, event.error)
+                    if event.error is None:
+                        waiters.requests.settle(event.handle, event.parts or [])
+                    else:
+                        waiters.requests.fail(event.handle, event.error)
                 elif isinstance(event, ce.IncomingPair):
                     driver.on_incoming_pair(event.handle, event.reply, event.name)
                 elif isinstance(event, ce.PairAnswered):
-                    driver.on_pair_answered(event.handle, event.inbound, event.error)
+                    inbound = event.inbound
+                    if inbound is None:
+                        error = event.error or SessionClosed(f"{core.format}: the stream pair failed")
+                        waiters.pairs.fail(event.handle, error)
+                    else:
+                        pair = driver.on_pair_answered(event.handle, inbound)
+                        waiters.pairs.settle(event.handle, pair, inbound)
                 elif isinstance(event, ce.PairFailed):
                     driver.on_pair_failed(event.name, event.error)
                 elif isinstance(event, ce.Ready):
