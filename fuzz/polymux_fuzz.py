@@ -104,7 +104,9 @@ def new_engine(fmt: str, *, is_client: bool, config: SessionConfig = CONFIG) -> 
         from polymux.engine.streamux import StreamuxEngine
 
         return StreamuxEngine(
-            config, random_id=1 if is_client else 2, options=get_format("streamux").configure(**STREAMUX).options
+            config,
+            random_id=1 if is_client else 2,
+            options=get_format("streamux").configure(**STREAMUX).options,
         )
     if fmt == "yamux":
         return get_format("yamux").configure(**YAMUX).make_engine(config, is_client=is_client)
