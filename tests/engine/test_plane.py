@@ -7,7 +7,7 @@ from __future__ import annotations
 from polymux.config import SessionConfig
 from polymux.engine import events as ev
 from polymux.engine.flow import MessageWindow
-from polymux.engine.plane import KEEP_VIEW, NO_CREDIT_STEP, DataRuns, Inbox, Plane
+from polymux.engine.plane import KEEP_VIEW, MAX_VIEWS, NO_CREDIT_STEP, DataRuns, Inbox, Plane
 from polymux.formats import make_engine
 from polymux.wire import mplex, yamux
 
@@ -49,8 +49,9 @@ def test_a_view_of_a_mutable_buffer_is_copied() -> None:
     inbox = _inbox()
     buffer = bytearray(b"abcdef")
     runs.add(_Record(1, inbox), memoryview(buffer)[:6], 6)
-    buffer[0] = 0  # the buffer changes: the inbox's bytes do not
-    assert bytes(inbox.parts[0]) == b"abcdef"
+    runs.add(_Record(1, inbox), buffer, 6)  # the buffer itself: copied too
+    buffer[1] = 0  # the buffer changes: the inbox's bytes do not
+    assert [bytes(p) for p in inbox.parts] == [b"abcdef", b"abcdef"]
 
 
 def test_frames_of_channels_without_an_inbox_become_one_event_per_run() -> None:
@@ -98,27 +99,49 @@ def test_data_that_came_as_an_event_goes_into_the_inbox_the_same_way() -> None:
 
 
 def test_take_hands_out_parts_copied_at_most_once() -> None:
+    runs = DataRuns()
     inbox = _inbox()
     read = bytes(range(256)) * 4
-    inbox.add(read, (), len(read))  # (add copies: counted elsewhere)
-    inbox.unconsumed = len(read)
-    big = memoryview(read)
-    inbox.parts[0] = big  # a view, as DataRuns keeps one
+    runs.add(_Record(1, inbox), memoryview(read), len(read))  # the whole read: a view
+    assert inbox.plane.views == 1
     assert inbox.take(100) == read[:100]  # the front of a larger part
-    assert isinstance(inbox.parts[0], memoryview)  # the rest stays a view
+    assert inbox.parts[0].obj is read and inbox.offset == 100  # cut by an offset, no copy
     assert inbox.take(1024) == read[100:]  # the rest, whole: one copy
-    inbox.parts.extend([b"a", b"bc", b"def", b"ghij"])
-    inbox.size = 10
-    inbox.unconsumed += 10
+    assert inbox.plane.views == 0 and inbox.offset == 0
+    for part in (b"a", b"bc", b"def", b"ghij"):
+        runs.add(_Record(1, inbox), part, len(part))
     assert inbox.take(6) == b"abcdef"  # small parts joined up to n
     assert inbox.take(2) == b"gh"
-    assert inbox.take(100) == b"ij"
-    inbox.parts.extend([b"abc", b"defgh"])
-    inbox.size = 8
-    inbox.unconsumed += 8
+    assert inbox.take(100) == b"ij"  # the rest of a bytes part
+    for part in (b"abc", b"defgh"):
+        runs.add(_Record(1, inbox), part, len(part))
     assert inbox.take(4) == b"abc"  # the next part does not fit: the first alone
     assert inbox.take(5) == b"defgh"  # exactly n
-    assert inbox.size == 0 and inbox.unconsumed == 0 and inbox.pending == len(read) + 18
+    view = memoryview(b"0123456789")
+    runs.add(_Record(1, inbox), view, 10)
+    runs.add(_Record(1, inbox), view[:6], 6)
+    assert inbox.plane.views == 2
+    assert inbox.take(3) == b"012"
+    assert inbox.take(13) == b"3456789012345"  # the rest of one view, joined with the next
+    assert inbox.plane.views == 0
+    assert inbox.size == 0 and inbox.unconsumed == 0 and inbox.pending == len(read) + 34
+
+
+def test_a_session_keeps_at_most_max_views_views_of_its_reads() -> None:
+    """Past MAX_VIEWS views held by a session's inboxes, payloads are copied: what unread
+    views pin beyond what the budget counts stays bounded, whatever the reads carry."""
+    runs = DataRuns()
+    plane = Plane()
+    a, b = Inbox(plane, 1), Inbox(plane, 2)
+    reads = [bytes(1000) for _ in range(MAX_VIEWS + 10)]
+    for i, read in enumerate(reads):
+        runs.add(_Record(1 + i % 2, a if i % 2 == 0 else b), memoryview(read)[:300], 300)
+    kept = [p for p in (*a.parts, *b.parts) if p.__class__ is memoryview]
+    assert len(kept) == plane.views == MAX_VIEWS
+    a.drop()
+    assert plane.views == len([p for p in b.parts if p.__class__ is memoryview])
+    b.take_all()
+    assert plane.views == 0
 
 
 def test_consumption_is_reported_at_the_step_or_at_once_when_eager() -> None:
@@ -161,8 +184,11 @@ def test_drop_and_take_all() -> None:
     inbox.add(b"ab", (b"cd",), 4)
     inbox.unconsumed = 9
     assert inbox.take_all() == [b"ab", b"cd"] and inbox.size == 0 and not inbox.parts
+    inbox.add(b"xyz", (), 3)
+    inbox.take(1)
+    assert inbox.take_all() == [b"yz"]  # what is left of a part taken in part
     inbox.add(b"xy", (), 2)
-    assert inbox.drop() == 9 and inbox.unconsumed == 0 and inbox.size == 0 and not inbox.parts
+    assert inbox.drop() == 8 and inbox.unconsumed == 0 and inbox.size == 0 and not inbox.parts
     assert "size=0" in repr(inbox)
     plane = Plane()  # no hook: reports wait for whoever takes them
     inbox2 = _inbox(plane)

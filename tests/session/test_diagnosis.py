@@ -6,7 +6,10 @@ smux versions included), and against servers that close, reset or stay silent. T
 (``first_bytes``) and, when the peer never spoke the format, why (``diagnosis``, in the
 message too): the format it speaks when its bytes tell, or that it closed without a word,
 which a peer of another format or of another version of this one does. A peer that spoke the
-format gets no diagnosis. The asyncio and the anyio drivers say the same (one core)."""
+format gets no diagnosis. The asyncio and the anyio drivers say the same (one core). The
+last tests drive the core alone with the peer's bytes: HTTP and text named as such, mplex
+and multiplex named together, a guess below the bar shown but not named, and the errors of a
+driver's handshake wait."""
 
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ import pytest
 import polymux
 import polymux.anyio as pmanyio
 from polymux import SessionClosed, formats
+from polymux.config import SessionConfig
+from polymux.exceptions import FormatMismatch, ProtocolError
+from polymux.formats import make_engine
+from polymux.session import SessionCore, events as ce
+from polymux.session.diagnosis import handshake_timed_out
 
 
 pytestmark = pytest.mark.timeout(120)
@@ -281,3 +289,166 @@ async def test_the_anyio_driver_says_the_same() -> None:
     assert isinstance(error, SessionClosed), info.value
     assert error.ending == SessionClosed.VIOLATION and error.diagnosis is not None
     assert error.diagnosis.startswith("the peer speaks smux, not yamux")
+
+
+# -- the core alone, sans I/O: what the peer's bytes say when the session ends ---------------
+
+
+def _client(fmt: str) -> SessionCore:
+    """A client's core (``is_client=True``, as the drivers make it: the errors say "the
+    server", and the detector runs), its own first bytes taken."""
+    config = SessionConfig(keepalive_interval=None)
+    core = SessionCore(make_engine(fmt, config, is_client=True), config, 0.0, is_client=True)
+    core.connection_made(0.0)
+    core.data_to_send()
+    return core
+
+
+RESET = ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_an_http_server_that_resets_is_named() -> None:
+    """An HTTP server's answer to an mplex client, then a reset (it closed with our bytes
+    unread). To mplex, "HT" is the header of a 84-byte NewStream, still incomplete: no
+    violation, so the end of the connection diagnoses the bytes, and names HTTP."""
+    core = _client("mplex")
+    handle = core.open_channel("x")
+    answer = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+    core.receive_data(answer, 0.0)
+    assert core.error is None
+    core.connection_lost(RESET)
+    error = core.error
+    assert isinstance(error, SessionClosed)
+    assert error.ending == SessionClosed.RESET and error.first_bytes == answer
+    assert error.diagnosis == (
+        'the peer speaks HTTP, not mplex (certain: it sent an HTTP response "HTTP/1.1 400 Bad Request", so it '
+        "is an HTTP server); point it at a polymux peer's port (a WebSocket endpoint takes a ws:// URL: "
+        "polymux.connect_websocket)"
+    )
+    assert str(error) == f"mplex: connection lost: [Errno 104] Connection reset by peer: {error.diagnosis}"
+    assert ce.Finished(handle, error) in core.events()  # what the channel's reader gets
+
+
+def test_a_text_answer_that_resets_is_text() -> None:
+    """A mail server's greeting, then a reset: text, which no multiplexing format is, so
+    no format is named, and the advice is to look at what listens there."""
+    core = _client("mplex")
+    greeting = b"220 mail.example.com ESMTP ready\r\n"
+    core.receive_data(greeting, 0.0)
+    core.connection_lost(RESET)
+    error = core.error
+    assert isinstance(error, SessionClosed)
+    assert error.ending == SessionClosed.RESET and error.first_bytes == greeting
+    assert error.diagnosis == (
+        'the server answered with text, "220 mail.example.com ESMTP ready", which is not mplex (nor any '
+        "multiplexing format: they are binary); check what listens there"
+    )
+    assert str(error) == f"mplex: connection lost: [Errno 104] Connection reset by peer: {error.diagnosis}"
+
+
+def test_mplex_and_multiplex_are_named_together() -> None:
+    """Three NewStreams from a server of mplex or multiplex (one wire, nothing in them
+    tells the two apart) to an smux client: its FormatMismatch names both, and advises
+    both."""
+    core = _client("smux")
+    opens = b"".join(bytes([i << 3, 1]) + b"x" for i in range(3))  # NewStream i, named "x"
+    core.receive_data(opens, 0.0)
+    error = core.error
+    assert isinstance(error, FormatMismatch) and error.first_bytes == opens and error.foreign is None
+    assert str(error) == (
+        "smux: the peer speaks mplex or multiplex, not smux (confidence 0.88: 3 mplex/multiplex frames, the "
+        "first a NewStream; nothing in the first bytes tells the two apart); run both sides with the same "
+        "format (protocol='mplex' or protocol='multiplex') (it sent 00 01 78 08 01 78 10 01 78; as smux: "
+        "frame header version is 0, expected 1 (both ends must be configured with the same smux protocol "
+        "version))"
+    )
+    assert error.diagnosis == error.detail
+
+
+def test_a_guess_below_the_bar_is_shown_not_named() -> None:
+    """One yamux data frame (a stream opened with data at once) to a Streamux client: its
+    negotiation fails on the first byte (version 0), a precise error that stays what it
+    is, and the bytes fit yamux, but one frame is not enough to say so (confidence 0.40):
+    the diagnosis shows the bytes, the violation and the guess with its confidence, and
+    names no format."""
+    core = _client("streamux")
+    frame = bytes.fromhex("000000010000000200000003") + b"abc"  # Data, SYN, stream 2, 3 bytes
+    core.receive_data(frame, 0.0)
+    core.receive_eof()
+    core.connection_lost(None)
+    error = core.error
+    assert isinstance(error, ProtocolError) and not isinstance(error, FormatMismatch)
+    assert error.diagnosis == (
+        "the server's first bytes (00 00 00 01 00 00 00 02 00 00 00 03 61 62 63) are not streamux (streamux: "
+        "negotiation failed: protocol version 0 is out of range); they fit no format polymux can name with "
+        "confidence (at best yamux, confidence 0.40, below 0.85); check which format it speaks"
+    )
+    assert str(error) == (
+        f"streamux: negotiation failed: protocol version 0 is out of range; {error.diagnosis}"
+    )
+    assert error.first_bytes == frame
+
+
+def _handshake_of_a_server(fmt: str) -> bytes:
+    """What a server of ``fmt`` sends first (its handshake)."""
+    config = SessionConfig(keepalive_interval=None)
+    server = SessionCore(make_engine(fmt, config, is_client=False), config, 0.0, is_client=False)
+    server.connection_made(0.0)
+    return b"".join(bytes(p) for p in server.data_to_send())
+
+
+def test_a_handshake_wait_that_ends_as_the_handshake_arrives() -> None:
+    """The driver's handshake wait can end in the same turn of its loop as the read that
+    brought the server's handshake: the server spoke the format, so the timeout's error
+    says nothing of formats (no diagnosis), only the wait, with the bytes it got. A
+    silent server's gets the diagnosis (the contrast)."""
+    handshake = _handshake_of_a_server("mstream-v2")
+    core = _client("mstream-v2")
+    core.receive_data(handshake, 0.0)
+    error = handshake_timed_out(core, 2)
+    assert str(error) == "mstream-v2: no handshake from the peer within 2 s"
+    assert error.ending == SessionClosed.VANISHED and error.first_bytes == handshake
+    assert error.diagnosis is None
+    silent = handshake_timed_out(_client("mstream-v2"), 2)
+    assert silent.first_bytes == b"" and silent.diagnosis is not None
+    assert str(silent) == f"mstream-v2: no handshake from the peer within 2 s: {silent.diagnosis}"
+
+
+def test_an_error_that_already_says_why_keeps_its_words() -> None:
+    """A driver that ends the session with its own error, one that already says what the
+    peer sent and why (its handshake wait's, :func:`handshake_timed_out`: "sent nothing in
+    2 s"): the end of the connection overwrites none of it (the core's own diagnosis of
+    that end, "sent nothing", lacks the wait) and does not say it twice."""
+    core = _client("mstream-v2")
+    error = handshake_timed_out(core, 2)
+    said, diagnosis = str(error), error.diagnosis
+    assert diagnosis is not None and diagnosis.startswith(
+        "the server sent nothing in 2 s; check that it speaks"
+    )
+    core.fail(error)
+    core.connection_lost(None)
+    assert core.error is error
+    assert str(error) == said and str(error).count("check that it speaks") == 1
+    assert error.diagnosis == diagnosis and error.first_bytes == b""
+    assert error.ending == SessionClosed.VANISHED
+
+
+def test_a_drivers_own_account_of_the_peer_is_kept() -> None:
+    """A layer in front of the core (a WebSocket client whose upgrade the server refused)
+    ends the session with what it got: the peer's first bytes are those, not the core's
+    (none reached it), and its diagnosis stays."""
+    core = _client("mplex")
+    refused = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+    error = SessionClosed(
+        "mplex: the WebSocket upgrade was refused (404 Not Found)",
+        ending=SessionClosed.CLOSED,
+        first_bytes=refused,
+        diagnosis="the server has no WebSocket endpoint at that path",
+    )
+    core.fail(error)
+    core.connection_lost(None)
+    assert core.error is error
+    assert error.first_bytes == refused
+    assert error.diagnosis == "the server has no WebSocket endpoint at that path"
+    assert str(error) == "mplex: the WebSocket upgrade was refused (404 Not Found)"
+    assert error.ending == SessionClosed.CLOSED

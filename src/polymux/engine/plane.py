@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from polymux.engine.channel import ChannelRecord
 
 
-__all__ = ["KEEP_VIEW", "NO_CREDIT_STEP", "DataRuns", "Inbox", "Plane"]
+__all__ = ["KEEP_VIEW", "MAX_VIEWS", "NO_CREDIT_STEP", "DataRuns", "Inbox", "Plane"]
 
 NO_CREDIT_STEP = 64 * 1024
 """Consumed bytes an inbox collects before reporting them, on a format without credit on
@@ -45,22 +45,29 @@ the core asks for every byte at once while either matters: :attr:`Plane.eager`).
 
 KEEP_VIEW = 5
 """A payload that is at least 1/KEEP_VIEW of the (immutable) read it arrived in is kept
-as a view of it, not copied: the read stays alive until the reader took it, so what a
-channel pins is at most KEEP_VIEW times what it counts; smaller payloads are copied (a
-view would pin a whole read for a few bytes). The reader copies each byte once, when it
-takes it (``read()`` returns ``bytes``). 5: a socket read of 256 KiB holds four 64 KiB
-frames and their headers, each a little under a quarter of it."""
+as a view of it, not copied: the read stays alive until the reader took it; smaller
+payloads are copied (a view would pin a whole read for a few bytes). The reader copies
+each byte once, when it takes it (``read()`` returns ``bytes``). 5: a socket read of
+256 KiB holds four 64 KiB frames and their headers, each a little under a quarter of it."""
+
+MAX_VIEWS = 64
+"""Views a session's inboxes hold at most (:data:`KEEP_VIEW`); past it, payloads are
+copied. A view pins its whole read (at most 256 KiB) while the budget counts the payload
+alone: this bounds what reads pinned by unread views add to ``max_session_memory`` (16 MiB
+at most), whatever a peer makes its reads carry."""
 
 
 class Plane:
     """What the inboxes of one session share: the list of inboxes with consumption to
     report, and the driver's hook that schedules the report."""
 
-    __slots__ = ("eager", "on_report", "reports")
+    __slots__ = ("eager", "on_report", "reports", "views")
 
     def __init__(self) -> None:
         self.reports: list[Inbox] = []
         """Inboxes with consumed bytes to report (each at most once)."""
+        self.views = 0
+        """Views of reads the inboxes hold (:data:`MAX_VIEWS`)."""
         self.eager = False
         """Report every consumed byte at once (the core needs exact counts now)."""
         self.on_report: Callable[[], None] | None = None
@@ -99,6 +106,7 @@ class Inbox:
         "behind",
         "behind_at",
         "handle",
+        "offset",
         "owner",
         "parts",
         "pending",
@@ -115,8 +123,10 @@ class Inbox:
         self.plane = plane
         self.handle = handle
         self.parts: deque[BytesLike] = deque()
+        self.offset = 0
+        """Bytes of ``parts[0]`` taken already (a part is cut by moving this, not copied)."""
         self.size = 0
-        """Bytes in :attr:`parts`."""
+        """Bytes in :attr:`parts` not yet taken."""
         self.unconsumed = 0
         self.pending = 0
         self.report_at = 1
@@ -145,20 +155,33 @@ class Inbox:
         There must be some."""
         parts = self.parts
         first = parts[0]
-        size = len(first)
+        offset = self.offset
+        size = len(first) - offset
         if size > n:
-            view = first if first.__class__ is memoryview else memoryview(first)
-            parts[0] = view[n:]  # the rest stays a view: no copy of it per read
-            data = bytes(view[:n])
+            end = offset + n
+            data = bytes(first[offset:end]) if first.__class__ is not bytes else first[offset:end]
+            self.offset = end
         elif size == n or len(parts) == 1 or size + len(parts[1]) > n:
             parts.popleft()
-            data = first if first.__class__ is bytes else bytes(first)
+            self.offset = 0
+            if first.__class__ is memoryview:
+                self.plane.views -= 1
+                data = bytes(first[offset:]) if offset else bytes(first)
+            else:
+                data = first[offset:] if offset else first  # type: ignore[assignment]
         else:
             out = [parts.popleft()]
+            views = int(first.__class__ is memoryview)
+            if offset:
+                out[0] = first[offset:]
+                self.offset = 0
             while parts and size + len(parts[0]) <= n:
                 part = parts.popleft()
                 out.append(part)
                 size += len(part)
+                views += part.__class__ is memoryview
+            if views:
+                self.plane.views -= views
             data = b"".join(out)
         got = len(data)
         self.size -= got
@@ -186,11 +209,21 @@ class Inbox:
             self.plane.report(self)
 
     def take_all(self) -> list[BytesLike]:
-        """Every part, not consumed yet (the reader moves them into its own buffer)."""
+        """Every part, not consumed yet (the reader moves them into its own buffer at once:
+        the views among them are released)."""
         parts = list(self.parts)
-        self.parts.clear()
-        self.size = 0
+        if parts and self.offset:
+            parts[0] = parts[0][self.offset :]
+        self._clear()
         return parts
+
+    def _clear(self) -> None:
+        views = sum(part.__class__ is memoryview for part in self.parts)
+        if views:
+            self.plane.views -= views
+        self.parts.clear()
+        self.offset = 0
+        self.size = 0
 
     def consume(self, n: int) -> None:
         """The application consumed ``n`` bytes the reader held in its own buffer."""
@@ -203,8 +236,7 @@ class Inbox:
     def drop(self) -> int:
         """Forget every byte held and unconsumed; returns how many were unconsumed
         (dropped bytes are credited as consumed by the caller)."""
-        self.parts.clear()
-        self.size = 0
+        self._clear()
         n, self.unconsumed = self.unconsumed, 0
         return n
 
@@ -236,11 +268,17 @@ class DataRuns:
         """``n`` bytes of ``record``'s data arrived (``payload``; may be a view)."""
         inbox = record.inbox
         if inbox is not None:  # (another channel's run may be pending: no matter, its own order holds)
-            if payload.__class__ is not bytes and (
-                payload.__class__ is not memoryview
-                or payload.obj.__class__ is not bytes
-                or n * KEEP_VIEW < len(payload.obj)
-            ):
+            if payload.__class__ is memoryview:
+                plane = inbox.plane
+                if (
+                    payload.obj.__class__ is bytes
+                    and n * KEEP_VIEW >= len(payload.obj)
+                    and plane.views < MAX_VIEWS
+                ):
+                    plane.views += 1  # kept: a view of the read
+                else:
+                    payload = bytes(payload)
+            elif payload.__class__ is not bytes:
                 payload = bytes(payload)
             inbox.parts.append(payload)
             inbox.size += n
