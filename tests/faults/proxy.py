@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
 from collections.abc import Callable
@@ -196,6 +197,12 @@ class FaultProxy:
         return f"proxy seed {self.seed}, {self.connections} connections:\n{lines}"
 
     async def _accept(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        # asyncio's start_server asks this task for its exception when it ends: a
+        # cancellation (aclose) is an ordinary end here, not an error to log.
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serve(creader, cwriter)
+
+    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         index = self.connections
         self.connections += 1
         if self._refusing:
@@ -272,15 +279,8 @@ class FaultProxy:
             while True:
                 data = await reader.read(65536)
                 if link.silent:
-                    if not data:
-                        link.closed[direction] = True
-                        # That side closed: close our socket to it (and nothing else).
-                        sink = link.writers[direction]
-                        sink.transport.abort()
-                        if all(link.closed):
-                            return
-                        await asyncio.Event().wait()  # the other pump ends the link
-                    continue
+                    await self._until_closed(link, direction, reader)
+                    return
                 if not data:
                     break
                 if limit is not None and sent + len(data) >= limit:
@@ -294,19 +294,45 @@ class FaultProxy:
                         if link.cut is None:
                             self.cuts_done += 1
                         link.end(plan.cut)
-                        if not link.silent:
-                            return
-                        continue  # the rest is dropped
+                        if link.silent:
+                            await self._until_closed(link, direction, reader)
+                        return
                     await asyncio.sleep(plan.hold)  # hold: read nothing meanwhile
                 await self._forward(plan, data, sent, writer, rng)
                 sent += len(data)
-            if link.silent:
-                return
             if writer.can_write_eof():
                 writer.write_eof()  # pass the half-close on
         except (ConnectionError, OSError):
             if not link.silent:
                 link.end("rst")
+
+    async def _until_closed(self, link: _Link, direction: int, reader: asyncio.StreamReader) -> None:
+        """A silent link: read nothing more from this side (its bytes pile up in the
+        buffers, as unacknowledged data does on a dead path), and close our socket to it
+        only once it has closed (looked at without taking a byte: MSG_PEEK)."""
+        side = link.writers[direction]
+        sock = side.get_extra_info("socket")
+        peek = socket.socket(fileno=os.dup(sock.fileno())) if sock is not None else None
+        try:
+            while True:
+                if getattr(reader, "_eof", False) or side.transport.is_closing():
+                    break
+                if peek is not None:
+                    try:
+                        if peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                            break
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        break  # reset
+                await asyncio.sleep(0.25)
+        finally:
+            if peek is not None:
+                peek.close()
+        side.transport.abort()
+        link.closed[direction] = True
+        if not all(link.closed):
+            await asyncio.Event().wait()  # the other side's pump ends the link
 
     @staticmethod
     async def _forward(

@@ -7,6 +7,7 @@ import contextlib
 import os
 from typing import Any
 
+from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig
 from polymux.exceptions import SessionClosed
@@ -85,7 +86,8 @@ async def connect(
         protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter
     )
     loop = asyncio.get_running_loop()
-    _transport, mux = await loop.create_connection(make, host, port, **conn_opts)
+    transport, mux = await loop.create_connection(make, host, port, **conn_opts)
+    tcp_keepalive(transport.get_extra_info("socket"), mux.config)
     return await _ready(mux)
 
 

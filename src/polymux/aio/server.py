@@ -11,6 +11,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self, cast
 
+from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
 from polymux.formats import Format, resolve
@@ -265,6 +266,7 @@ class Server:
         """``mux``'s session is connected: one of ``sessions`` until it closes; the session
         handler runs once its handshake is done."""
         session = mux.session
+        tcp_keepalive(mux.get_extra_info("socket"), mux.config)
         self.sessions.add(session)
         mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
         if self._session_handler is not None:

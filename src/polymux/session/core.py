@@ -247,9 +247,12 @@ class SessionCore:
         except ProtocolError as exc:
             self._fail(mismatch(self.format, exc, self._peer_first) if early else exc)
             return
+        live = self.liveness
+        live.rx_at = now  # any byte: the peer is there (heartbeats judge by it)
+        if engine.peer_heartbeats + engine.peer_pings != live.beats_seen:
+            live.beat_heard(now)
         if events or engine.has_output:
             # Whole frames arrived (bytes of a frame that never ends do not count).
-            live = self.liveness
             live.last_activity = now
             live.heard = True
             if live.first_frame_due:

@@ -7,6 +7,13 @@
   every interval, judged only on what the peer could have answered (see
   :meth:`Liveness._check_keepalive`); while we do not read, formats without credit send
   heartbeats (pings whose answers are not awaited) so that the peer sees us alive.
+* silence: on formats without pings (MultiplexingStream, mplex, omnistreams), a heartbeat
+  every interval (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP). Once the peer has
+  shown that it sends heartbeats or pings at regular times (two of them, the time between
+  them measured), a peer from which no byte has come for that time (at least
+  ``keepalive_interval``) plus ``keepalive_timeout`` while we read is gone (see
+  :meth:`Liveness._check_silence`). A peer that sends neither (a foreign implementation of
+  a format without pings) is never judged so.
 * ``send_timeout``: reading held back (by the budget or queued replies) while the socket
   takes none of our bytes.
 
@@ -106,12 +113,30 @@ class Liveness:
         self.ka_peer_pings = 0  # the peer's pings when ours went out (formats without credit)
         self.credit = engine.has_flow_control
         self.heartbeat_at: float | None = None
+        # Silence: heartbeats (formats without pings) and the peer's own pings.
+        self.beats = config.keepalive_interval is not None
+        """We judge a peer that sends heartbeats or pings regularly by its silence."""
+        self.beating = self.beats and not (engine.has_ping and engine.ping_answered)
+        """We send heartbeats: formats without pings, and smux, whose NOP nothing answers
+        (each side's keepalive NOP waits for the other's: alone they come every other
+        interval)."""
+        self.beat_due: float | None = None
+        self.rx_at = now
+        """When bytes (any) last came from the peer (the core sets it on every read)."""
+        self.beats_seen = 0
+        """The peer's heartbeats counted so far (``Engine.peer_heartbeats``)."""
+        self.beat_at: float | None = None
+        self.beat_gap = 0.0
+        """The longest time measured between two of the peer's heartbeats while we read
+        (0: not measured yet, and the peer is not judged)."""
+        self.beat_clean = False  # reading went on since the peer's last heartbeat
+        self.beat_unread = False  # reading was paused since the last silence check
 
     # -- the core's calls --------------------------------------------------------------------
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the handshake (or first-frame) clock starts."""
-        self.last_activity = now
+        self.last_activity = self.rx_at = now
         if not self.ready or self.first_frame_due:
             self.handshake_at = now + self.config.handshake_timeout
 
@@ -120,6 +145,8 @@ class Liveness:
         the keepalive's clock starts."""
         self.ready = True
         self.handshake_at = None
+        if self.beating:
+            self._beat(now)
         if self.engine.has_ping:
             self.ping(now, by_application=False)
             if self.keepalive:
@@ -165,8 +192,9 @@ class Liveness:
     def lost(self) -> None:
         """The connection is gone: no more deadlines."""
         self.pings.clear()
-        self.stall_at = self.handshake_at = self.ping_due = self.heartbeat_at = None
+        self.stall_at = self.handshake_at = self.ping_due = self.heartbeat_at = self.beat_due = None
         self.ka_opaque = None
+        self.beat_gap = 0.0
 
     # -- reading stopped (the Pressure's listener) -------------------------------------------
 
@@ -174,6 +202,8 @@ class Liveness:
         """Reading from the peer stopped: the keepalive does not judge what we did not read;
         without credit, heartbeats tell the peer we are alive."""
         self.ka_unread = True
+        self.beat_unread = True
+        self.beat_clean = False
         if self.keepalive and not self.credit and self.heartbeat_at is None:
             self.heartbeat_at = self.host.now + self._heartbeat_period()
 
@@ -187,11 +217,22 @@ class Liveness:
     def next_deadline(self, quiet: bool) -> float | None:
         """The first of our deadlines (``quiet``: no channels and no error, so
         ``idle_timeout`` runs)."""
+        if self.host.failed:
+            return None  # over: the driver closes the connection
         timeout = self.config.idle_timeout
         idle = self.last_activity + timeout if timeout is not None and quiet else None
         keepalive = self.ka_deadline if self.ka_opaque is not None else None
-        due = None  # (no list, no call: the drivers ask after every read)
-        for when in (self.handshake_at, self.stall_at, self.ping_due, self.heartbeat_at, keepalive, idle):
+        silence = self.rx_at + self.silence_bound() if self.beat_gap else None
+        due = self.beat_due  # (no list, no call: the drivers ask after every read)
+        for when in (
+            self.handshake_at,
+            self.stall_at,
+            self.ping_due,
+            self.heartbeat_at,
+            keepalive,
+            idle,
+            silence,
+        ):
             if when is not None and (due is None or when < due):
                 due = when
         return due
@@ -224,6 +265,10 @@ class Liveness:
                 self._keepalive_ping(now, unsent)
         if self.heartbeat_at is not None and now >= self.heartbeat_at:
             self._heartbeat(now)
+        if self.beat_due is not None and now >= self.beat_due:
+            self._beat(now)
+        if self.beat_gap and now >= self.rx_at + self.silence_bound():
+            self._check_silence(now)
 
     def idle_check(self, now: float, quiet: bool) -> SessionClosed | None:
         """``idle_timeout``: the error that ends a ``quiet`` session idle too long, if due."""
@@ -370,6 +415,57 @@ class Liveness:
         self._keepalive_failed(
             f"keepalive failed: no answer to a ping within {waited:.3g} s "
             f"(keepalive_timeout={self.config.keepalive_timeout:g})"
+        )
+
+    # -- heartbeats (formats without pings) ----------------------------------------------------
+
+    def _beat(self, now: float) -> None:
+        """Send a heartbeat (and the next in ``keepalive_interval``); not while frames of
+        ours still wait to go out (the peer gets those: while it does not read, heartbeats
+        do not pile up), nor once we close."""
+        interval = self.config.keepalive_interval or 0.0
+        self.beat_due = now + interval
+        if self.engine.has_output or self.host.closing:
+            return
+        self.engine.now = now
+        if not self.engine.heartbeat():  # the format has none (omnistreams over WebSocket)
+            self.beating = False
+            self.beat_due = None
+
+    def beat_heard(self, now: float) -> None:
+        """The peer's count of heartbeats and pings changed in the read just processed (the
+        core calls this): the time since the previous one, when we read all along, is its
+        interval."""
+        count = self.engine.peer_heartbeats + self.engine.peer_pings
+        if not self.beats:
+            self.beats_seen = count
+            return
+        if self.beat_at is not None and self.beat_clean:
+            self.beat_gap = max(self.beat_gap, now - self.beat_at)
+        self.beats_seen = count
+        self.beat_at = now
+        self.beat_clean = not self.pressure.bits
+
+    def silence_bound(self) -> float:
+        """How long a peer that sends heartbeats or pings may send nothing while we read:
+        its interval as measured (at least ours) plus ``keepalive_timeout``."""
+        config = self.config
+        return max(self.beat_gap, config.keepalive_interval or 0.0) + config.keepalive_timeout
+
+    def _check_silence(self, now: float) -> None:
+        """Nothing from a peer that sends heartbeats or pings for :meth:`silence_bound`:
+        gone. Not judged while we do not read, nor just after (what it sent may wait in our
+        socket): the clock starts again."""
+        if self.pressure.bits or self.beat_unread:
+            self.beat_unread = bool(self.pressure.bits)
+            self.rx_at = now
+            return
+        self.host.fail(
+            SessionClosed(
+                f"{self.format}: keepalive failed: nothing from the peer for {now - self.rx_at:.3g} s "
+                f"(its heartbeats or pings came every {self.beat_gap:.3g} s; keepalive_timeout="
+                f"{self.config.keepalive_timeout:g}): the connection is gone"
+            )
         )
 
     def _keepalive_failed(self, problem: str) -> None:
