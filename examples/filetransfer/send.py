@@ -3,12 +3,13 @@
     python examples/filetransfer/send.py --protocol mstream-v3 --tcp 127.0.0.1:9000 photos/ notes.txt
     python examples/filetransfer/send.py --protocol yamux --unix /tmp/ft.sock big.iso --as backups/big.iso
 
-A directory sends the files under it (named relative to it). Run it again after an
-interruption: the receiver tells how much of each file it has and only the rest is sent.
-Exit status (the table of every polymux command): 0 when every file is verified, 1 when
-one failed (refused, interrupted, checksum) or a PATH cannot be read, 2 for bad
-arguments, 3 when there is no session (nothing listens there, or the receiver speaks
-another wire format).
+A directory sends the files under it (named relative to it). When the connection is lost
+it reconnects by itself (--retries, 10 by default; jittered backoff of at most 30 s) and
+resumes every file from what the receiver has; run it again after it gave up, and only
+the rest is sent. Exit status (the table of every polymux command): 0 when every file is
+verified, 1 when one failed (refused, interrupted, checksum) or a PATH cannot be read, 2
+for bad arguments, 3 when there is no session (nothing listens there, or the receiver
+speaks another wire format).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from polymux.apps.common import (
     session_options,
     size_type,
 )
-from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
+from polymux.apps.filetransfer import DEFAULT_RETRIES, RateLimiter, collect, send_with_retries, summary
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -46,23 +47,28 @@ async def main(args: argparse.Namespace) -> int:
     except ValueError as exc:  # --as with a directory
         print(f"send: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    limiter = RateLimiter(args.limit_rate) if args.limit_rate else None
     try:
-        session = await connect(address, args.protocol, timeout=30, **session_options(args))
+        result = await send_with_retries(
+            lambda: connect(address, args.protocol, timeout=30, **session_options(args)),
+            transfers,
+            retries=args.retries,
+            parallel=args.parallel,
+            progress=args.progress,
+            limiter=limiter,
+            give_up=peer_mismatch,
+        )
     except NoSession as exc:
         print(f"send: {exc}", file=sys.stderr)
         return EXIT_NO_SESSION
-    limiter = RateLimiter(args.limit_rate) if args.limit_rate else None
-    async with session:
-        elapsed = await send_with_progress(
-            session, transfers, parallel=args.parallel, progress=args.progress, limiter=limiter
-        )
-    failed = [t for t in transfers if t.status == "failed"]
-    if failed and (why := peer_mismatch(session)) is not None:
-        print(f"send: no {args.protocol} session with {address}: {why}", file=sys.stderr)
+    if result.gave_up is not None:
+        print(f"send: no {args.protocol} session with {address}: {result.gave_up}", file=sys.stderr)
         return EXIT_NO_SESSION
+    failed = [t for t in transfers if t.status != "done" and t.status != "unchanged"]
     for t in failed:
         print(f"send: error: {t.name!r}: {t.error}", file=sys.stderr)
-    print(f"send: {summary(transfers, elapsed, min(args.parallel, len(transfers)))}", flush=True)
+    line = summary(transfers, result.elapsed, min(args.parallel, len(transfers)), result.reconnects)
+    print(f"send: {line}", flush=True)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -76,6 +82,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--as", dest="as_name", metavar="NAME", help="the name to send a single file under")
     parser.add_argument("--parallel", type=int, default=8, help="files (channels) in flight at once (8)")
     parser.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
+        help=f"reconnections after the connection is lost, each resuming every file "
+        f"({DEFAULT_RETRIES}; 0: give up at the first loss)",
+    )
     parser.add_argument(
         "--limit-rate",
         type=size_type(1024),
@@ -91,6 +105,8 @@ def parse_args() -> argparse.Namespace:
         parser.error(str(exc))
     if args.parallel < 1:
         parser.error("--parallel must be >= 1")
+    if args.retries < 0:
+        parser.error("--retries must be >= 0")
     return args
 
 

@@ -33,11 +33,16 @@ from polymux.exceptions import PolymuxError, SessionClosed
 from polymux.session.budget import STALLED, Pressure
 
 
-__all__ = ["BUSY_READ", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
+__all__ = ["BUSY_READ", "HEARTBEAT_PERIOD", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
 
 BUSY_READ = 64 * 1024
 """A socket read at least this large means the peer had more queued: it is busy, not dead
 (keepalive waits longer for an answer that sits behind what it sent)."""
+
+HEARTBEAT_PERIOD = 15.0
+"""The longest time between two heartbeats (formats without pings): every
+``keepalive_interval``, but at least this often whatever the setting, so that a peer judges
+us by it from our first heartbeat on, without waiting to measure our interval."""
 
 STALL_TIMEOUT_WITHOUT_CREDIT = 120.0
 """The default ``stall_timeout`` of formats without credit on the wire (mstream-v1, mplex,
@@ -130,6 +135,7 @@ class Liveness:
         """The longest time measured between two of the peer's heartbeats while we read
         (0: not measured yet, and the peer is not judged)."""
         self.beat_clean = False  # reading went on since the peer's last heartbeat
+        self.beat_first = False  # our first heartbeat waits for our first frame
         self.beat_unread = False  # reading was paused since the last silence check
 
     # -- the core's calls --------------------------------------------------------------------
@@ -145,8 +151,8 @@ class Liveness:
         the keepalive's clock starts."""
         self.ready = True
         self.handshake_at = None
-        if self.beating:
-            self._beat(now)
+        if self.beating and not self.first_frame_due:  # (a server: once its client spoke)
+            self._first_beat(now)
         if self.engine.has_ping:
             self.ping(now, by_application=False)
             if self.keepalive:
@@ -154,9 +160,11 @@ class Liveness:
 
     def lift_first_frame(self) -> None:
         """The peer's first frame arrived, or the application opened a channel (the peer
-        may then only listen): no first-frame deadline."""
+        may then only listen): no first-frame deadline, and our first heartbeat."""
         self.first_frame_due = False
         self.handshake_at = None
+        if self.beating and self.ready and self.beat_due is None:
+            self._first_beat(self.host.now)
 
     def ping(self, now: float, *, by_application: bool = True) -> int:
         """Send a ping (see ``SessionCore.ping``)."""
@@ -224,6 +232,8 @@ class Liveness:
         keepalive = self.ka_deadline if self.ka_opaque is not None else None
         silence = self.rx_at + self.silence_bound() if self.beat_gap else None
         due = self.beat_due  # (no list, no call: the drivers ask after every read)
+        if self.beat_first and self.bytes_out:
+            due = self.host.now  # our first frame is out: our first heartbeat follows it
         for when in (
             self.handshake_at,
             self.stall_at,
@@ -265,7 +275,7 @@ class Liveness:
                 self._keepalive_ping(now, unsent)
         if self.heartbeat_at is not None and now >= self.heartbeat_at:
             self._heartbeat(now)
-        if self.beat_due is not None and now >= self.beat_due:
+        if self.beat_due is not None and (now >= self.beat_due or (self.beat_first and self.bytes_out)):
             self._beat(now)
         if self.beat_gap and now >= self.rx_at + self.silence_bound():
             self._check_silence(now)
@@ -419,12 +429,20 @@ class Liveness:
 
     # -- heartbeats (formats without pings) ----------------------------------------------------
 
+    def _first_beat(self, now: float) -> None:
+        """Our first heartbeat goes right after our first frame (never before it: the
+        first bytes of each direction stay the format's own, for the peer's and a tracer's
+        detection), or one period from now if we send nothing before."""
+        self.beat_first = True
+        self.beat_due = now + min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
+
     def _beat(self, now: float) -> None:
-        """Send a heartbeat (and the next in ``keepalive_interval``); not while frames of
-        ours still wait to go out (the peer gets those: while it does not read, heartbeats
-        do not pile up), nor once we close."""
-        interval = self.config.keepalive_interval or 0.0
+        """Send a heartbeat (and the next in ``keepalive_interval``, at most
+        :data:`HEARTBEAT_PERIOD`); not while frames of ours still wait to go out (the peer
+        gets those: while it does not read, heartbeats do not pile up), nor once we close."""
+        interval = min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
         self.beat_due = now + interval
+        self.beat_first = False
         if self.engine.has_output or self.host.closing:
             return
         self.engine.now = now
@@ -434,14 +452,19 @@ class Liveness:
 
     def beat_heard(self, now: float) -> None:
         """The peer's count of heartbeats and pings changed in the read just processed (the
-        core calls this): the time since the previous one, when we read all along, is its
+        core calls this). A heartbeat shows that the peer sends one at least every
+        :data:`HEARTBEAT_PERIOD`: it is judged from then on; a peer's pings, only once the
+        time between two of them was measured. That time, when we read all along, is its
         interval."""
-        count = self.engine.peer_heartbeats + self.engine.peer_pings
+        engine = self.engine
+        count = engine.peer_heartbeats + engine.peer_pings
         if not self.beats:
             self.beats_seen = count
             return
         if self.beat_at is not None and self.beat_clean:
             self.beat_gap = max(self.beat_gap, now - self.beat_at)
+        elif engine.peer_heartbeats and not self.beat_gap:
+            self.beat_gap = HEARTBEAT_PERIOD  # (until measured)
         self.beats_seen = count
         self.beat_at = now
         self.beat_clean = not self.pressure.bits
