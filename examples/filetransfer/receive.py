@@ -24,12 +24,14 @@ from polymux.apps.common import (
     EXIT_OK,
     EXIT_STATUS,
     add_address_options,
+    add_server_options,
     add_session_options,
     conversation_options,
     listen,
     listening_on,
     parse_address,
     run,
+    server_options,
     session_options,
     size,
 )
@@ -40,7 +42,7 @@ async def main(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, args.unix)
     receiver = Receiver(Path(args.dest), max_size=args.max_size)
     try:
-        options = {**session_options(args), **conversation_options(args.protocol)}
+        options = {**session_options(args), **conversation_options(args.protocol), **server_options(args)}
         server = await listen(address, receiver.handle, args.protocol, **options)
     except OSError as exc:
         print(f"receive: cannot listen on {address}: {exc}", file=sys.stderr)
@@ -73,6 +75,7 @@ def parse_args() -> argparse.Namespace:
     add_address_options(parser)
     parser.add_argument("--dest", required=True, help="target directory (created if missing)")
     parser.add_argument("--max-size", type=size, metavar="SIZE", help="refuse larger files, e.g. 1GiB")
+    add_server_options(parser)
     args = parser.parse_args()
     try:
         parse_address(args.tcp, args.unix)

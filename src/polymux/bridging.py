@@ -68,7 +68,7 @@ from polymux.aio import (
     start_server,
     start_unix_server,
 )
-from polymux.aio.server import DEFAULT_MAX_CONNECTIONS
+from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 from polymux.config import SessionConfig
 from polymux.exceptions import ChannelReset, PolymuxError
 
@@ -348,14 +348,21 @@ class Bridge:
         async with asyncio.timeout(cfg.handshake_timeout):
             if endpoint.transport == "unix":
                 assert endpoint.path is not None
-                return await connect_unix(endpoint.path, protocol=self._far, config=cfg, handler=handler)
-            if endpoint.transport == "ws":
+                far = await connect_unix(endpoint.path, protocol=self._far, config=cfg, handler=handler)
+            elif endpoint.transport == "ws":
                 assert endpoint.uri is not None
-                return await connect_websocket(endpoint.uri, protocol=self._far, config=cfg, handler=handler)
-            assert endpoint.host is not None
-            return await connect_tcp(
-                endpoint.host, endpoint.port, protocol=self._far, config=cfg, handler=handler
-            )
+                far = await connect_websocket(endpoint.uri, protocol=self._far, config=cfg, handler=handler)
+            else:
+                assert endpoint.host is not None
+                far = await connect_tcp(
+                    endpoint.host, endpoint.port, protocol=self._far, config=cfg, handler=handler
+                )
+        memory = self.server.memory if self.server is not None else None
+        if memory is not None:  # max_memory: the pair's both sessions count
+            budget = far.mux.core.budget
+            budget.join(memory)
+            far.mux.closed.add_done_callback(lambda _f: budget.leave())
+        return far
 
     async def _near_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = cast(Session, writer.get_extra_info("session"))
@@ -534,7 +541,7 @@ class Bridge:
 
     # -- the server ------------------------------------------------------------------------------
 
-    async def _start(self, max_connections: int | None) -> None:
+    async def _start(self, max_connections: int | None, limits: dict[str, Any] | None = None) -> None:
         endpoint = self.listen
         cfg = self.listen_config
         common: dict[str, Any] = {
@@ -542,6 +549,7 @@ class Bridge:
             "config": cfg,
             "session_handler": self._session_ready,
             "max_connections": max_connections,
+            **(limits or {}),
         }
         if endpoint.transport == "unix":
             assert endpoint.path is not None
@@ -648,6 +656,8 @@ async def bridge(
     listen_config: SessionConfig | None = None,
     connect_config: SessionConfig | None = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     **options: Any,
 ) -> Bridge:
     """Listen on ``listen`` and carry every session accepted there to a new session on
@@ -664,6 +674,10 @@ async def bridge(
         connect_config: the opened sessions' configuration instead of ``config``.
         max_connections: sessions accepted at once (``None``: no limit); more are dropped
             as they arrive. Each holds one session on the connecting side.
+        max_memory: what all the sessions, both sides, may hold together in buffers
+            (``None``: no limit; see :func:`polymux.start_server`).
+        max_connections_per_address: accepted sessions one peer address may hold
+            (``None``: no limit; see :func:`polymux.start_server`).
         **options: :class:`~polymux.SessionConfig` fields applied to both sides on top
             (``max_session_memory=``, ``idle_timeout=``, ``capture=`` ...).
             ``max_session_memory`` is the budget of a bridged *pair*: each of its two
@@ -697,5 +711,8 @@ async def bridge(
     near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
     far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)
-    await result._start(max_connections)
+    limits: dict[str, Any] = {"max_memory": max_memory}
+    if near.transport != "unix":
+        limits["max_connections_per_address"] = max_connections_per_address
+    await result._start(max_connections, limits)
     return result

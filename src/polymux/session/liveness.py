@@ -30,7 +30,7 @@ from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine import Engine
 from polymux.exceptions import PolymuxError, SessionClosed
-from polymux.session.budget import STALLED, Pressure
+from polymux.session.budget import RECHECK, SHARED, STALLED, Pressure
 
 
 __all__ = ["BUSY_READ", "HEARTBEAT_PERIOD", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
@@ -231,6 +231,8 @@ class Liveness:
         idle = self.last_activity + timeout if timeout is not None and quiet else None
         keepalive = self.ka_deadline if self.ka_opaque is not None else None
         silence = self.rx_at + self.silence_bound() if self.beat_gap else None
+        if self.pressure.bits & SHARED:  # held back by the server's memory: look again soon
+            silence = self.host.now + RECHECK if silence is None else min(silence, self.host.now + RECHECK)
         due = self.beat_due  # (no list, no call: the drivers ask after every read)
         if self.beat_first and self.bytes_out:
             due = self.host.now  # our first frame is out: our first heartbeat follows it
@@ -251,6 +253,9 @@ class Liveness:
         """Act on the deadlines due at ``now`` (``unsent``: the socket's unsent bytes); a
         failure ends the session through the host."""
         host = self.host
+        pressure = self.pressure
+        if pressure.bits & SHARED and pressure.recheck is not None:
+            pressure.recheck()
         if self.handshake_at is not None and now >= self.handshake_at:
             self.handshake_at = None
             what = "not one whole frame" if self.first_frame_due else "no handshake"
