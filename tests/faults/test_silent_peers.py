@@ -267,3 +267,38 @@ def test_quiet_honest_peers_are_never_cut() -> None:
     runs = warp.run(main())
     failed = [f"{r.label}: {'; '.join(r.problems)}" for r in runs if r.problems]
     assert not failed, "\n".join(failed)
+
+
+async def test_tcp_keepalive_is_set_on_both_ends() -> None:
+    """Every TCP connection polymux makes or accepts keeps TCP keepalive with the session's
+    timings (a gone host noticed by the kernel); none with ``keepalive_interval=None``."""
+    import socket
+
+    def options(sock: Any) -> tuple[int, int, int, int]:
+        return (
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        )
+
+    accepted: list[polymux.Session] = []
+    server = await polymux.start_server(
+        None, "127.0.0.1", 0, protocol="mplex", session_handler=accepted.append
+    )
+    async with server:
+        async with await polymux.connect("127.0.0.1", server.port, protocol="mplex") as session:
+            await session.open_channel("x")
+            async with asyncio.timeout(10):
+                while not accepted:  # noqa: ASYNC110 - the server has no event for it
+                    await asyncio.sleep(0.01)
+            assert options(session.get_extra_info("socket")) == (1, 15, 4, 3)
+            assert options(accepted[0].get_extra_info("socket")) == (1, 15, 4, 3)
+        stream = await anyio.connect_tcp("127.0.0.1", server.port)
+        async with stream, pmanyio.session(stream, protocol="mplex", keepalive_interval=40.0):
+            raw = stream.extra(SocketAttribute.raw_socket)
+            assert options(raw) == (1, 40, 4, 3)
+        async with await polymux.connect(
+            "127.0.0.1", server.port, protocol="mplex", keepalive_interval=None
+        ) as quiet:
+            assert quiet.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0

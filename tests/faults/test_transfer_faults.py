@@ -118,10 +118,11 @@ async def transfer(run: Run, *, restart: bool) -> list[Transfer]:
     transfers = collect([run.src])
     watcher: asyncio.Task[None] | None = None
 
+    progressed = asyncio.Event()
+
     async def restart_midway() -> None:
-        # Once a fifth of the bytes are in, the receiver goes away for a few seconds.
-        while sum(t.done for t in transfers) < TOTAL // 10:
-            await asyncio.sleep(0.05)
+        # Once a tenth of the bytes are in, the receiver goes away for a few seconds.
+        await progressed.wait()
         await run.stop_receiver()
         await asyncio.sleep(run.rng.uniform(1.0, 8.0))
         proxy.upstream_port = await run.start_receiver()
@@ -132,6 +133,8 @@ async def transfer(run: Run, *, restart: bool) -> list[Transfer]:
 
     def watch(_t: Transfer) -> None:
         run.check_names()
+        if sum(t.done for t in transfers) >= TOTAL // 10:
+            progressed.set()
 
     try:
         if restart:

@@ -7,13 +7,16 @@
   every interval, judged only on what the peer could have answered (see
   :meth:`Liveness._check_keepalive`); while we do not read, formats without credit send
   heartbeats (pings whose answers are not awaited) so that the peer sees us alive.
-* silence: on formats without pings (MultiplexingStream, mplex, omnistreams), a heartbeat
-  every interval (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP). Once the peer has
-  shown that it sends heartbeats or pings at regular times (two of them, the time between
-  them measured), a peer from which no byte has come for that time (at least
-  ``keepalive_interval``) plus ``keepalive_timeout`` while we read is gone (see
-  :meth:`Liveness._check_silence`). A peer that sends neither (a foreign implementation of
-  a format without pings) is never judged so.
+* silence: on formats without pings (MultiplexingStream, mplex, omnistreams) and smux, a
+  heartbeat (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP) right after
+  our first frame, then every interval, at least every :data:`HEARTBEAT_PERIOD`. From the
+  peer's first heartbeat on (or once the time between two of its pings was measured), a
+  peer from which no byte has come for its interval (at least ``keepalive_interval``) plus
+  ``keepalive_timeout`` while we read is gone (see :meth:`Liveness._check_silence`). A peer
+  that sends neither (a foreign implementation of a format without pings) is never judged
+  so.
+* the server's memory account (``max_memory``): while it holds reading back, a look at it
+  every :data:`~polymux.session.budget.RECHECK` seconds.
 * ``send_timeout``: reading held back (by the budget or queued replies) while the socket
   takes none of our bytes.
 
@@ -129,11 +132,13 @@ class Liveness:
         self.rx_at = now
         """When bytes (any) last came from the peer (the core sets it on every read)."""
         self.beats_seen = 0
-        """The peer's heartbeats counted so far (``Engine.peer_heartbeats``)."""
+        """The peer's heartbeats and pings counted so far (``Engine.peer_heartbeats`` +
+        ``Engine.peer_pings``)."""
         self.beat_at: float | None = None
         self.beat_gap = 0.0
-        """The longest time measured between two of the peer's heartbeats while we read
-        (0: not measured yet, and the peer is not judged)."""
+        """The longest time measured between two of the peer's heartbeats or pings while we
+        read, :data:`HEARTBEAT_PERIOD` from its first heartbeat until measured (0: the peer
+        is not judged)."""
         self.beat_clean = False  # reading went on since the peer's last heartbeat
         self.beat_first = False  # our first heartbeat waits for our first frame
         self.beat_unread = False  # reading was paused since the last silence check
@@ -231,8 +236,8 @@ class Liveness:
         idle = self.last_activity + timeout if timeout is not None and quiet else None
         keepalive = self.ka_deadline if self.ka_opaque is not None else None
         silence = self.rx_at + self.silence_bound() if self.beat_gap else None
-        if self.pressure.bits & SHARED:  # held back by the server's memory: look again soon
-            silence = self.host.now + RECHECK if silence is None else min(silence, self.host.now + RECHECK)
+        # Held back by the server's memory: look again soon (MemoryAccount).
+        recheck = self.host.now + RECHECK if self.pressure.bits & SHARED else None
         due = self.beat_due  # (no list, no call: the drivers ask after every read)
         if self.beat_first and self.bytes_out:
             due = self.host.now  # our first frame is out: our first heartbeat follows it
@@ -244,6 +249,7 @@ class Liveness:
             keepalive,
             idle,
             silence,
+            recheck,
         ):
             if when is not None and (due is None or when < due):
                 due = when
@@ -432,7 +438,7 @@ class Liveness:
             f"(keepalive_timeout={self.config.keepalive_timeout:g})"
         )
 
-    # -- heartbeats (formats without pings) ----------------------------------------------------
+    # -- heartbeats and silence ----------------------------------------------------------------
 
     def _first_beat(self, now: float) -> None:
         """Our first heartbeat goes right after our first frame (never before it: the
