@@ -1,8 +1,8 @@
 """A silent peer, driven with explicit times.
 
-Heartbeats on the formats without pings: the first right after our first frame (never
-before it; a server's not before its client spoke), or one period after ready if we send
-nothing; then every ``keepalive_interval``, at most ``HEARTBEAT_PERIOD``; none while
+Heartbeats on the formats without pings: the first once we have sent a frame and heard
+one (never before our first frame, never to a peer that has not spoken the format), or one
+period after ready; then every ``keepalive_interval``, at most ``HEARTBEAT_PERIOD``; none while
 frames of ours wait unsent or once we close; none over WebSocket.
 
 The silence rule: from the peer's first heartbeat (or once the time between two of its
@@ -58,21 +58,25 @@ def beat(a: SessionCore, b: SessionCore, now: float) -> None:
     b.receive_data(drain(a), now)
 
 
-def test_the_first_heartbeat_follows_our_first_frame_then_every_interval() -> None:
+def test_the_first_heartbeat_follows_our_first_frame_and_the_peers_then_every_interval() -> None:
     a, b = pair("mplex", **KEEPALIVE)
     assert a.next_deadline() == 15.0 and not a.has_output  # nothing sent yet: no heartbeat first
     a.open_channel("x")
     sent = drain(a)
     assert not sent.startswith(heartbeat("mplex"))  # the format's own frame first
-    assert a.next_deadline() == 0.0  # ... then at once
-    a.handle_timer(0.0)
+    assert a.next_deadline() == 15.0  # not to a peer that has not spoken the format yet
+    b.receive_data(sent, 1.0)
+    b.open_channel("y")
+    a.receive_data(drain(b), 2.0)
+    assert a.next_deadline() == 2.0  # both have spoken it: at once
+    a.handle_timer(2.0)
     assert drain(a) == heartbeat("mplex")
-    assert a.next_deadline() == 15.0
-    a.handle_timer(14.0)
+    assert a.next_deadline() == 17.0
+    a.handle_timer(16.0)
     assert not a.has_output
-    a.handle_timer(15.0)
-    assert drain(a) == heartbeat("mplex") and a.liveness.beat_due == 30.0
-    assert not a.events() and not a.failed and not b.failed
+    a.handle_timer(17.0)
+    assert drain(a) == heartbeat("mplex") and a.liveness.beat_due == 32.0
+    assert not a.failed and not b.failed
 
 
 def test_a_session_that_sends_nothing_heartbeats_after_a_period() -> None:

@@ -8,8 +8,8 @@
   :meth:`Liveness._check_keepalive`); while we do not read, formats without credit send
   heartbeats (pings whose answers are not awaited) so that the peer sees us alive.
 * silence: on formats without pings (MultiplexingStream, mplex, omnistreams) and smux, a
-  heartbeat (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP) right after
-  our first frame, then every interval, at least every :data:`HEARTBEAT_PERIOD`. From the
+  heartbeat (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP) once we have
+  sent a frame and heard one, then every interval, at least every :data:`HEARTBEAT_PERIOD`. From the
   peer's first heartbeat on (or once the time between two of its pings was measured), a
   peer from which no byte has come for its interval (at least ``keepalive_interval``) plus
   ``keepalive_timeout`` while we read is gone (see :meth:`Liveness._check_silence`). A peer
@@ -239,8 +239,8 @@ class Liveness:
         # Held back by the server's memory: look again soon (MemoryAccount).
         recheck = self.host.now + RECHECK if self.pressure.bits & SHARED else None
         due = self.beat_due  # (no list, no call: the drivers ask after every read)
-        if self.beat_first and self.bytes_out:
-            due = self.host.now  # our first frame is out: our first heartbeat follows it
+        if self.beat_first and self.bytes_out and self.heard:
+            due = self.host.now  # both sides spoke the format: our first heartbeat now
         for when in (
             self.handshake_at,
             self.stall_at,
@@ -286,7 +286,9 @@ class Liveness:
                 self._keepalive_ping(now, unsent)
         if self.heartbeat_at is not None and now >= self.heartbeat_at:
             self._heartbeat(now)
-        if self.beat_due is not None and (now >= self.beat_due or (self.beat_first and self.bytes_out)):
+        if self.beat_due is not None and (
+            now >= self.beat_due or (self.beat_first and self.bytes_out and self.heard)
+        ):
             self._beat(now)
         if self.beat_gap and now >= self.rx_at + self.silence_bound():
             self._check_silence(now)
@@ -441,9 +443,11 @@ class Liveness:
     # -- heartbeats and silence ----------------------------------------------------------------
 
     def _first_beat(self, now: float) -> None:
-        """Our first heartbeat goes right after our first frame (never before it: the
-        first bytes of each direction stay the format's own, for the peer's and a tracer's
-        detection), or one period from now if we send nothing before."""
+        """Our first heartbeat goes as soon as we have sent a frame and heard one: never
+        before our first frame (the first bytes of each direction stay the format's own,
+        for the peer's and a tracer's detection of the format), never to a peer that has not
+        spoken the format (it may be something else, about to close); or one period from
+        now."""
         self.beat_first = True
         self.beat_due = now + min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
 
