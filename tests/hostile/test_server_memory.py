@@ -1,9 +1,9 @@
 """One memory budget per server, and one address's share of the connections.
 
 * ``polymux serve --max-memory 256MiB`` (a process of its own, its RSS sampled): 64 raw
-  connections each fill their session's whole budget (128 yamux streams of echo within the
-  credit, never reading a byte back: 32 MiB unread or unsent each, 2 GiB in all without the
-  shared budget). The server's RSS growth stays under 256 MiB + :data:`SLACK`, and a new
+  connections each try to fill their session's whole budget (128 yamux streams of echo
+  within the credit, never reading a byte back: 32 MiB unread or unsent each, 2 GiB in all
+  without the shared budget; the issue measured 29 MiB -> 2.2 GiB). The server's RSS growth stays under 256 MiB + :data:`SLACK`, and a new
   honest client is still served: its echo comes back.
 * ``max_connections_per_address``: the connections of one address beyond it are refused
   (and logged), while another address is served.
@@ -96,7 +96,10 @@ async def test_64_full_sessions_stay_within_max_memory_and_a_new_client_is_serve
             f"server RSS {sampler.baseline / MIB:.1f} -> peak {sampler.peak / MIB:.1f} MiB "
             f"(+{sampler.growth / MIB:.1f} MiB; max_memory {MAX_MEMORY // MIB} MiB + slack {SLACK // MIB})"
         )
-        assert sum(sent) > 2 * MAX_MEMORY  # the peers offered far more than the limit
+        # The peers were stopped by the server's limit (it stopped reading them), not by
+        # their credit: each has credit left, 2 GiB in all, the sessions' full budgets.
+        left = sum(peer.engine.send_credit(h) for peer, hs in zip(peers, handles, strict=True) for h in hs)
+        assert sum(sent) > MAX_MEMORY and left > MAX_MEMORY, (sum(sent), left)
         assert sampler.growth < MAX_MEMORY + SLACK, sampler.growth
         assert answer == b"still served?"
     finally:
