@@ -193,6 +193,23 @@ def write_json(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
+NO_PLOTS = (
+    "no plots: matplotlib is not installed (it comes with the bench extra: pip install 'polymux[bench]')"
+)
+"""What the suite says instead of its plots when matplotlib is missing."""
+
+
+def plots_if_possible(out: Path, rows: list[Row]) -> tuple[list[Path], str | None]:
+    """:func:`plots`, or none and :data:`NO_PLOTS` without matplotlib: the tables and
+    results.json of a run that took minutes are not lost for want of its plots."""
+    try:
+        return plots(out, rows), None
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "matplotlib":
+            raise
+        return [], NO_PLOTS
+
+
 def plots(out: Path, rows: list[Row]) -> list[Path]:
     """PNG plots: bulk MiB/s against channel count, message rate against message size (one
     figure per loop and transport, a line per stack)."""

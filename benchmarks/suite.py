@@ -342,7 +342,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     meta["seconds"] = round(time.perf_counter() - started, 1)
     (out / "results.md").write_text(report.markdown(rows, meta))
     report.write_json(out / "results.json", rows, meta)
-    pngs = report.plots(out, rows)
+    pngs, no_plots = report.plots_if_possible(out, rows)
+    if no_plots is not None:
+        print(f"polymux benchmarks: {no_plots}", file=sys.stderr, flush=True)
     if not args.quiet:
         print(
             f"\nwrote {out / 'results.md'}, {out / 'results.json'} and {len(pngs)} plots in {meta['seconds']} s"

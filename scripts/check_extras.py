@@ -134,6 +134,8 @@ def check_core() -> None:
     cli_fails("decode", pcap, says="needs dpkt, which is not installed: pip install 'polymux[pcap]'")
     cli_fails("bridge", "yamux:tcp:127.0.0.1:0", "omnistreams:ws://127.0.0.1:1/",
               says="needs websockets, which is not installed: pip install 'polymux[websockets]'")  # fmt: skip
+    cli_fails("webchat", "--tcp", "127.0.0.1:0", "--web", "127.0.0.1:0", "--files", WORK / "webchat",
+              says="polymux webchat needs websockets, which is not installed: pip install 'polymux[websockets]'")  # fmt: skip
     cli_fails("bridge", "yamux:tcp:127.0.0.1:0", "mplex:tcp:127.0.0.1:1", "--capture-listen", WORK / "c",
               says="needs pyarrow, which is not installed: pip install 'polymux[capture]'")  # fmt: skip
     cli_fails("connect", "--protocol", "yamux", "--tcp", "127.0.0.1:1", "--uvloop",
@@ -172,21 +174,21 @@ def check_capture() -> None:
 
 
 def check_apps() -> None:
-    """Progress bars (rich) in the demo, and the example applications."""
+    """Progress bars (rich) in the demo, and the applications: polymux send / receive and
+    polymux chat (the server and a client)."""
     out = cli("demo", "--files", "3", "--total", "96KiB", "--progress", "rich")
     assert "3/3 identical to the originals" in out, out
     inbox = WORK / "inbox"
     (WORK / "outbox").mkdir()
     (WORK / "outbox" / "a.txt").write_bytes(b"polymux " * 1000)
-    with Background(PY, ROOT / "examples/filetransfer/receive.py", "--protocol", "mstream-v3",
+    with Background(PY, "-m", "polymux", "receive", "--protocol", "mstream-v3",
                     "--tcp", "127.0.0.1:0", "--dest", inbox, pattern=r" on tcp:(\S+),") as receiver:  # fmt: skip
-        run(PY, ROOT / "examples/filetransfer/send.py", "--protocol", "mstream-v3", "--tcp",
-            receiver.address, WORK / "outbox", "--progress", "rich")  # fmt: skip
+        cli("send", "--protocol", "mstream-v3", "--tcp", receiver.address, WORK / "outbox",
+            "--progress", "rich")  # fmt: skip
     assert (inbox / "a.txt").read_bytes() == b"polymux " * 1000
-    with Background(PY, ROOT / "examples/chat/server.py", "--protocol", "yamux", "--tcp", "127.0.0.1:0",
+    with Background(PY, "-m", "polymux", "chat", "--server", "--protocol", "yamux", "--tcp", "127.0.0.1:0",
                     pattern=r" on tcp:(\S+)$") as chat:  # fmt: skip
-        out = run(PY, ROOT / "examples/chat/client.py", "--protocol", "yamux", "--tcp", chat.address,
-                  "--nick", "ada", "--say", "hello")  # fmt: skip
+        out = cli("chat", "--protocol", "yamux", "--tcp", chat.address, "--nick", "ada", "--say", "hello")
         assert "[#lobby] ada: hello" in out, out
 
 

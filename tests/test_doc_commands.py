@@ -30,7 +30,20 @@ from polymux.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])
 
-SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
+SUBCOMMANDS = (
+    "webchat",
+    "chat",
+    "send",
+    "receive",
+    "demo",
+    "serve",
+    "connect",
+    "bridge",
+    "forward",
+    "decode",
+    "bench",
+    "analyze",
+)
 
 # (regex on the start of a command line, the program it runs, words put before the rest)
 PREFIXES: list[tuple[re.Pattern[str], str, list[str]]] = [
@@ -39,6 +52,7 @@ PREFIXES: list[tuple[re.Pattern[str], str, list[str]]] = [
     (re.compile(r"^(?:\S*/)?python3? -m polymux\b"), "polymux", []),
     (re.compile(r"^(?:\S*/)?polymux\b"), "polymux", []),
     (re.compile(r"^scripts/demo\b"), "polymux", ["demo"]),
+    (re.compile(r"^scripts/webchat\b"), "polymux", ["webchat"]),
     (re.compile(r"^(?:\S*/)?python3? -m benchmarks(?=\s|$)"), "benchmarks", []),
 ]
 
@@ -145,7 +159,7 @@ def commands() -> Iterator[tuple[str, str, str, list[str]]]:
                 # Output lines ("polymux demo: 16 files ..."), prose ("polymux (or python -m
                 # polymux) has ...") and a bare name in a span ("`polymux serve`") are not
                 # command lines.
-                if not head or head[0] not in (*SUBCOMMANDS, "--help", "-h"):
+                if not head or head[0] not in (*SUBCOMMANDS, "--help", "-h", "--version", "-V"):
                     continue
                 if not in_block and len(rest.split()) < 2:
                     continue

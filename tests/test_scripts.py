@@ -63,8 +63,9 @@ def test_the_demo_installs_only_the_apps_extra(checkout: Path) -> None:
 
 
 def test_the_web_chat_installs_apps_and_websockets(checkout: Path) -> None:
-    calls = run(checkout, "scripts/webchat")
+    calls = run(checkout, "scripts/webchat", "--web", "127.0.0.1:8080")
     assert installs(calls) == ["-m pip install -q -e .[apps,websockets]"]
+    assert calls[-1] == "-m polymux webchat --web 127.0.0.1:8080"  # the packaged command
 
 
 def test_the_test_set_up_installs_the_development_set_which_serves_the_demo_too(checkout: Path) -> None:

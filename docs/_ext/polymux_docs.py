@@ -350,9 +350,63 @@ class FormatsTable(Directive):
         return list(container.children)
 
 
+# -- the generated tables of docs/defaults.md, as Markdown (readable in the repository) ------
+
+GENERATED = re.compile(r"(<!-- generated: (\w[\w-]*)[^>]*-->\n)(.*?)(<!-- end of generated -->)", re.DOTALL)
+"""A generated section of a page: its name, its Markdown, its end."""
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def defaults_markdown() -> str:
+    """Every SessionConfig field, its default and its docstring: a Markdown table."""
+    from polymux import SessionConfig
+
+    docs = _field_docs(SessionConfig)
+    lines = ["| field | default | what it is |", "|---|---|---|"]
+    for field in fields(SessionConfig):
+        default = field.default if field.default is not MISSING else None
+        lines.append(
+            f"| `{field.name}` | {_md_cell(describe_default(field.name, default))} "
+            f"| {_md_cell(_plain(docs.get(field.name, '')))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def format_options_markdown() -> str:
+    """Every registered format's typed options: a Markdown table."""
+    lines = [
+        "| option | formats | default | compatibility keyword | what it is |",
+        "|---|---|---|---|---|",
+    ]
+    for option, names, default, keyword, doc in format_options_rows():
+        key = f"`{keyword}`" if keyword else ""
+        lines.append(f"| `{option}` | {_md_cell(names)} | {_md_cell(default)} | {key} | {_md_cell(doc)} |")
+    return "\n".join(lines) + "\n"
+
+
+MARKDOWN = {"defaults": defaults_markdown, "format-options": format_options_markdown}
+"""The generated sections, by name."""
+
+
+def regenerate(text: str) -> str:
+    """``text`` (a page) with each generated section made again from the code."""
+    return GENERATED.sub(lambda m: m.group(1) + MARKDOWN[m.group(2)]() + m.group(4), text)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("polymux-cli", CliReference)
     app.add_directive("polymux-defaults", DefaultsTable)
     app.add_directive("polymux-format-options", FormatOptionsTable)
     app.add_directive("polymux-formats", FormatsTable)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    # python docs/_ext/polymux_docs.py: write docs/defaults.md's generated tables again.
+    import pathlib
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "defaults.md"
+    page.write_text(regenerate(page.read_text()))

@@ -9,8 +9,15 @@ Quick start::
 
 from __future__ import annotations
 
+from polymux import _speedups
+
+
+_speedups.install()  # before any module of the data plane: compiled, or its pure-Python twin
+
 from polymux._types import CaptureFactory, CaptureSink
+from polymux._version import __version__
 from polymux.aio import (
+    Channel,
     ChannelProtocols,
     ChannelTransport,
     Server,
@@ -19,6 +26,7 @@ from polymux.aio import (
     connect_unix,
     connect_websocket,
     over,
+    reset,
     serve_websocket,
     start_server,
     start_unix_server,
@@ -42,13 +50,12 @@ from polymux.exceptions import (
 from polymux.formats import PROTOCOLS
 
 
-__version__ = "0.1.0"
-
 __all__ = [
     "PROTOCOLS",
     "Bridge",
     "CaptureFactory",
     "CaptureSink",
+    "Channel",
     "ChannelClosedError",
     "ChannelError",
     "ChannelOverflow",
@@ -73,6 +80,7 @@ __all__ = [
     "connect_unix",
     "connect_websocket",
     "over",
+    "reset",
     "serve_websocket",
     "start_server",
     "start_unix_server",

@@ -68,8 +68,9 @@ from polymux.aio import (
     start_server,
     start_unix_server,
 )
-from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-from polymux.config import SessionConfig
+from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, SessionHandler
+from polymux.aio.session import ChannelHandler
+from polymux.config import COMPATIBILITY_FIELDS, SessionConfig
 from polymux.exceptions import ChannelReset, PolymuxError
 
 
@@ -346,17 +347,7 @@ class Bridge:
             await self._carry(link, reader, writer, from_far=True)
 
         async with asyncio.timeout(cfg.handshake_timeout):
-            if endpoint.transport == "unix":
-                assert endpoint.path is not None
-                far = await connect_unix(endpoint.path, protocol=self._far, config=cfg, handler=handler)
-            elif endpoint.transport == "ws":
-                assert endpoint.uri is not None
-                far = await connect_websocket(endpoint.uri, protocol=self._far, config=cfg, handler=handler)
-            else:
-                assert endpoint.host is not None
-                far = await connect_tcp(
-                    endpoint.host, endpoint.port, protocol=self._far, config=cfg, handler=handler
-                )
+            far = await connect_endpoint(endpoint, protocol=self._far, config=cfg, handler=handler)
         memory = self.server.memory if self.server is not None else None
         if memory is not None:  # max_memory: the pair's both sessions count
             budget = far.mux.core.budget
@@ -399,7 +390,7 @@ class Bridge:
             try:
                 if prefix:
                     dst_writer.write(prefix)
-                await self._copy_both(reader, writer, dst_reader, dst_writer, counts)
+                await copy_both(reader, writer, dst_reader, dst_writer, counts)
             except _Failed as failed:
                 # The side that failed is gone; the other one is reset with its reason.
                 gone, other = (writer, dst_writer) if failed.side == "src" else (dst_writer, writer)
@@ -513,63 +504,23 @@ class Bridge:
                 "src", PolymuxError(f"polymux bridge: {label}: the name line is not UTF-8")
             ) from None
 
-    async def _copy_both(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        dst_reader: asyncio.StreamReader,
-        dst_writer: asyncio.StreamWriter,
-        counts: list[int],
-    ) -> None:
-        """Copy both ways until both ended; the first failure cancels the other direction
-        and is raised (as :class:`_Failed` naming the side)."""
-        tasks = [
-            asyncio.ensure_future(_copy(reader, dst_writer, counts, 0)),
-            asyncio.ensure_future(_copy(dst_reader, writer, counts, 1)),
-        ]
-        try:
-            pending = set(tasks)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    if task.exception() is not None:
-                        raise cast(BaseException, task.exception())
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
     # -- the server ------------------------------------------------------------------------------
 
     async def _start(self, max_connections: int | None, limits: dict[str, Any] | None = None) -> None:
         endpoint = self.listen
-        cfg = self.listen_config
-        common: dict[str, Any] = {
-            "protocol": self._near,
-            "config": cfg,
-            "session_handler": self._session_ready,
-            "max_connections": max_connections,
-            **(limits or {}),
-        }
-        if endpoint.transport == "unix":
-            assert endpoint.path is not None
-            self.server = await start_unix_server(self._near_channel, endpoint.path, **common)
-            return
-        if endpoint.transport == "ws":
-            if endpoint.uri is not None and endpoint.uri.startswith("wss:"):
-                raise ValueError(
-                    f"bridge endpoint {endpoint}: the bridge listens on ws:// only (put a TLS proxy in front)"
-                )
-            self.server = await serve_websocket(self._near_channel, endpoint.host, endpoint.port, **common)
-            uri = urlsplit(endpoint.uri or f"ws://{endpoint.host}:{endpoint.port}/")
-            host = f"[{uri.hostname}]" if uri.hostname and ":" in uri.hostname else uri.hostname
-            real = uri._replace(netloc=f"{host}:{self.server.port}").geturl()
-            self.listen = Endpoint(
-                endpoint.protocol, "ws", host=endpoint.host, port=self.server.port, uri=real
+        if endpoint.transport == "ws" and endpoint.uri is not None and endpoint.uri.startswith("wss:"):
+            raise ValueError(
+                f"bridge endpoint {endpoint}: the bridge listens on ws:// only (put a TLS proxy in front)"
             )
-            return
-        self.server = await start_server(self._near_channel, endpoint.host, endpoint.port, **common)
-        self.listen = Endpoint(endpoint.protocol, "tcp", host=endpoint.host, port=self.server.port)
+        self.server, self.listen = await listen_endpoint(
+            self.listen,
+            self._near_channel,
+            protocol=self._near,
+            config=self.listen_config,
+            session_handler=self._session_ready,
+            max_connections=max_connections,
+            **(limits or {}),
+        )
 
     @property
     def sessions(self) -> int:
@@ -639,12 +590,122 @@ async def _copy(
             raise _Failed("dst" if index == 0 else "src", exc) from None
 
 
+async def copy_both(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    dst_reader: asyncio.StreamReader,
+    dst_writer: asyncio.StreamWriter,
+    counts: list[int],
+) -> None:
+    """Copy ``reader`` to ``dst_writer`` and ``dst_reader`` to ``writer`` until both ended
+    (each end of writing carried as a half-close); ``counts`` gets the bytes each way
+    (``[0]`` from ``reader``, ``[1]`` back to ``writer``). The first failure cancels the
+    other direction and is raised as :class:`_Failed` naming the side: ``"src"``
+    (``reader``/``writer``) or ``"dst"``. Used by the bridge and by :mod:`polymux.forward`."""
+    tasks = [
+        asyncio.ensure_future(_copy(reader, dst_writer, counts, 0)),
+        asyncio.ensure_future(_copy(dst_reader, writer, counts, 1)),
+    ]
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise cast(BaseException, task.exception())
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def connect_endpoint(
+    endpoint: Endpoint,
+    *,
+    protocol: str | formats.Format | None = None,
+    config: SessionConfig | None = None,
+    handler: ChannelHandler | None = None,
+    ssl: Any = None,
+    server_hostname: str | None = None,
+) -> Session:
+    """A session to ``endpoint`` (TCP, unix socket or WebSocket), in its format unless
+    ``protocol`` gives a :class:`~polymux.formats.Format` for it; ``ssl``: a client
+    ``ssl.SSLContext`` for TLS over TCP or a unix socket, or for a ``wss://`` URI (which
+    gets the default context without one)."""
+    fmt = endpoint.protocol if protocol is None else protocol
+    tls: dict[str, Any] = {}
+    if ssl is not None:
+        tls["ssl"] = ssl
+        if server_hostname is not None:
+            tls["server_hostname"] = server_hostname
+        elif endpoint.transport == "unix":
+            tls["server_hostname"] = "localhost"  # a unix socket has no host name to check
+    if endpoint.transport == "unix":
+        assert endpoint.path is not None
+        return await connect_unix(endpoint.path, protocol=fmt, config=config, handler=handler, **tls)
+    if endpoint.transport == "ws":
+        assert endpoint.uri is not None
+        return await connect_websocket(endpoint.uri, protocol=fmt, config=config, handler=handler, **tls)
+    assert endpoint.host is not None
+    return await connect_tcp(
+        endpoint.host, endpoint.port, protocol=fmt, config=config, handler=handler, **tls
+    )
+
+
+async def listen_endpoint(
+    endpoint: Endpoint,
+    handler: ChannelHandler | None,
+    *,
+    protocol: str | formats.Format | None = None,
+    config: SessionConfig | None = None,
+    session_handler: SessionHandler | None = None,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    ssl: Any = None,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+) -> tuple[Server, Endpoint]:
+    """A server on ``endpoint`` (TCP, unix socket or WebSocket) whose incoming channels run
+    ``handler``; returns it with the endpoint it really listens on (the port chosen for
+    port 0; a WebSocket URI with that port, ``wss://`` with ``ssl``). ``ssl``: a server
+    ``ssl.SSLContext`` (TLS on any transport); ``max_memory`` and
+    ``max_connections_per_address``: see :func:`polymux.start_server`."""
+    fmt = endpoint.protocol if protocol is None else protocol
+    common: dict[str, Any] = {
+        "protocol": fmt,
+        "config": config,
+        "session_handler": session_handler,
+        "max_connections": max_connections,
+        "max_memory": max_memory,
+        "max_connections_per_address": max_connections_per_address,
+    }
+    if ssl is not None:
+        common["ssl"] = ssl
+    if endpoint.transport == "unix":
+        assert endpoint.path is not None
+        return await start_unix_server(handler, endpoint.path, **common), endpoint
+    if endpoint.transport == "ws":
+        server = await serve_websocket(handler, endpoint.host, endpoint.port, **common)
+        uri = urlsplit(endpoint.uri or f"ws://{endpoint.host}:{endpoint.port}/")
+        host = f"[{uri.hostname}]" if uri.hostname and ":" in uri.hostname else uri.hostname
+        scheme = "wss" if ssl is not None else "ws"
+        real = uri._replace(scheme=scheme, netloc=f"{host}:{server.port}").geturl()
+        return server, Endpoint(endpoint.protocol, "ws", host=endpoint.host, port=server.port, uri=real)
+    server = await start_server(handler, endpoint.host, endpoint.port, **common)
+    return server, Endpoint(endpoint.protocol, "tcp", host=endpoint.host, port=server.port)
+
+
 def pair_share(budget: int) -> int:
     """The ``max_session_memory`` each session of a bridged pair gets from the pair's
     ``budget``: a third of it (at least 64 KiB). A session holds at most 1.5 times its own
     (see :attr:`SessionConfig.max_session_memory <polymux.SessionConfig.max_session_memory>`),
     so the pair holds at most the budget."""
     return max(64 * 1024, budget // 3)
+
+
+def _for_side(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without the compatibility keywords of other formats than ``protocol``'s."""
+    own = formats.get(protocol).options.legacy
+    return {k: v for k, v in options.items() if k not in COMPATIBILITY_FIELDS or k in own}
 
 
 async def bridge(
@@ -702,8 +763,10 @@ async def bridge(
         raise ValueError(f"bridge: names must be one of {', '.join(NAME_POLICIES)}, got {names!r}")
     if far.transport in ("tcp", "ws") and far.port == 0:
         raise ValueError(f"bridge endpoint {far}: a port is needed to connect")
-    near_cfg = SessionConfig.from_options(listen_config or config, **options)
-    far_cfg = SessionConfig.from_options(connect_config or config, **options)
+    # Options go to both sides; a format's own option given by its compatibility keyword
+    # (max_receive_window for yamux) only to a side of that format: another refuses it.
+    near_cfg = SessionConfig.from_options(listen_config or config, **_for_side(near.protocol, options))
+    far_cfg = SessionConfig.from_options(connect_config or config, **_for_side(far.protocol, options))
     # One budget for a bridged pair, end to end: what the bridge holds for one client is
     # the two sessions' together. A session holds up to its max_session_memory unread (and
     # unsent while its socket takes nothing), and half of it more unsent while it waits
@@ -711,8 +774,6 @@ async def bridge(
     near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
     far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)
-    limits: dict[str, Any] = {"max_memory": max_memory}
-    if near.transport != "unix":
-        limits["max_connections_per_address"] = max_connections_per_address
+    limits = {"max_memory": max_memory, "max_connections_per_address": max_connections_per_address}
     await result._start(max_connections, limits)
     return result

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from polymux._types import CaptureFactory
 
 
-__all__ = ["SessionConfig"]
+__all__ = ["COMPATIBILITY_FIELDS", "SessionConfig", "SessionOptions", "suggest"]
+
+COMPATIBILITY_FIELDS = (
+    "max_receive_window",
+    "window_budget",
+    "streamux_id_bits",
+    "streamux_length_bits",
+    "streamux_quick_init",
+    "streamux_response_hold",
+    "streamux_hold_budget",
+    "streamux_early_responses",
+    "smux_peer_buffer",
+)
+"""The fields kept for compatibility that set one format's typed option (its
+``FormatOptions.legacy``); on another format they would do nothing, so
+:func:`polymux.formats.resolve` refuses them there."""
+
+
+def suggest(name: str, names: Any) -> str:
+    """``"; did you mean 'x'?"`` for the names close to ``name`` (a typo, a prefix:
+    ``keepalive`` -> ``keepalive_interval`` or ``keepalive_timeout``), else ``""``."""
+    names = sorted(names)
+    close = [n for n in names if n.startswith(name)] if len(name) >= 4 else []
+    close = close or difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(n) for n in close[:2]) + "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +43,106 @@ class SessionConfig:
     """Limits and tuning for one session. Every field has a safe default.
 
     Pass fields as keyword options to :func:`polymux.connect` and friends, or build one
-    and pass ``config=``.
+    and pass ``config=``. Each field, its default and the first sentence of its own
+    documentation (the whole of it is under the field in the source, in the API reference
+    and in docs/defaults.md)::
+
+        receive_window (1 MiB): Bytes the peer may send on one channel before we return credit
+            (formats with flow control).
+        ack_min (20 KiB): Smallest batch of consumed bytes for which credit is returned (the
+            threshold is max(ack_min, receive_window / 8)).
+        max_channels (1,024): Open channels per session (both directions); offers beyond it are
+            rejected.
+        accept_backlog (256): Incoming channels accepted but not yet taken by accept_channel;
+            offers beyond it are rejected.
+        write_buffer_high (256 KiB): Per channel: unsent bytes above which drain() blocks.
+        write_buffer_low (None): Per channel: unsent bytes at or below which drain() resumes
+            (default high/4).
+        stream_limit (64 KiB): limit of each channel's asyncio.StreamReader (line length for
+            readline).
+        batch_bytes (256 KiB): The send scheduler writes at most this much to the socket per
+            turn.
+        handshake_timeout (10 s): Seconds to wait for the peer's handshake (formats that have
+            one).
+        close_timeout (10 s): Seconds Session.aclose() gives queued data and the peer's goodbye
+            before it cuts the connection; also how long a closed channel waits for the peer's
+            end.
+        max_receive_window (None): Kept for compatibility: sets YamuxOptions.max_receive_window,
+            the largest window yamux's auto-tuning grows a stream's to (16 MiB; None: the
+            option's value).
+        window_budget (None): Kept for compatibility: sets YamuxOptions.window_budget, the
+            window yamux grants beyond the initial 256 KiB per stream, summed over the session
+            (256 MiB; None: the option's value).
+        keepalive_interval (15 s): Seconds between keepalive pings (formats with pings: yamux,
+            Streamux, and smux, whose NOP nothing answers: there any whole frame from the peer
+            counts as its answer); None disables them.
+        keepalive_timeout (10 s): Seconds a ping may go unanswered before the session fails (a
+            dead peer must not hang readers).
+        stall_timeout (None): Seconds the peer may take none of the bytes we have written to the
+            connection while a keepalive ping waits behind them; then the session ends ("the
+            peer has taken none of our bytes ...").
+        idle_timeout (300 s): Seconds a session with no channels may go without receiving a byte
+            before it is closed: a half-open connection (the peer vanished without a FIN), or a
+            peer that connects and never speaks (not even its handshake), must not hold a socket
+            forever.
+        stream_open_timeout (75 s): Seconds an opened stream may wait for the peer's
+            acknowledgement before it is reset (yamux; hashicorp's default).
+        max_unacked_opens (256): yamux: channels we opened that the peer has not acknowledged
+            yet.
+        streamux_id_bits (None): Kept for compatibility: sets StreamuxOptions.id_bits, the
+            request-id bits a Streamux session offers ((1, 29, 14); None: the option's value).
+        streamux_length_bits (None): Kept for compatibility: sets StreamuxOptions.length_bits,
+            the chunk-length bits a Streamux session offers ((6, 30, 16); None: the option's
+            value).
+        streamux_quick_init (None): Kept for compatibility: sets StreamuxOptions.quick_init
+            ("off", "request" or "allow"; None: the option's value, "off").
+        streamux_response_hold (None): Kept for compatibility: sets
+            StreamuxOptions.response_hold, the bytes one Streamux response may hold unsent while
+            its request is still arriving (64 MiB; None: the option's value).
+        streamux_hold_budget (None): Kept for compatibility: sets StreamuxOptions.hold_budget,
+            what all the held responses of one Streamux session may hold together (64 MiB; None:
+            the option's value).
+        streamux_early_responses (None): Kept for compatibility: sets
+            StreamuxOptions.early_responses, a polymux extension that lets one Streamux channel
+            carry a conversation (False; None: the option's value).
+        omnistreams_numbering (None): Kept for compatibility: "legacy" with
+            protocol="omnistreams" is the format omnistreams-legacy (npm omnistreams 0.9.0's
+            numbering), "spec" the format omnistreams; None: the format's own numbering.
+        max_message_size (None): Largest frame body accepted (a larger one is a protocol error);
+            writes are sent in frames of at most min(max_message_size, send_frame) bytes.
+        send_frame (64 KiB): Largest frame polymux sends for formats without a fixed frame size:
+            small enough that the round-robin scheduler interleaves channels finely.
+        slow_reader ('block'): What to do when a channel has receive_window unread bytes and the
+            format gives the peer no credit to withhold: "block" stops reading the connection
+            until the reader catches up (nothing is lost, other channels wait too); "reset" does
+            the same for at most slow_reader_timeout seconds, then resets that channel (its
+            reader gets ChannelOverflow) and reads on.
+        slow_reader_timeout (5 s): slow_reader="reset": seconds a full channel may hold up the
+            connection before it is reset (go-mplex: 5 s); 0 resets it as soon as it is full
+            (js-libp2p-mplex resets a stream past a 4 MiB buffer: set receive_window to 4 MiB
+            for that behaviour).
+        max_inbound_channels (1,024): Channels the peer may have open at once; its further opens
+            are reset.
+        max_outbound_channels (1,024): Channels we may have open at once; opening more raises
+            LimitExceeded.
+        inbound_channel_rate (10,000/s): New channels per second the peer may open (burst of as
+            many), counted as the opens arrive, refused ones included; a peer above the rate is
+            a protocol violation (js-libp2p-mplex disconnects such a peer).
+        max_session_memory (33,554,432): The per-connection memory budget.
+        smux_peer_buffer (None): Kept for compatibility: sets SmuxOptions.peer_buffer, the
+            peer's session-wide receive buffer that smux version 2 keeps half of in flight (4
+            MiB; None: the option's value).
+        max_queued_control (4,096): Control frames (ping answers, acknowledgements, resets of
+            refused channels) queued while the connection cannot be written: past it the session
+            stops reading, so a peer that sends but does not read cannot make us queue replies
+            without bound.
+        send_timeout (30 s): Seconds the session may go on holding back reading because the peer
+            does not read what we must send it (see max_queued_control and max_session_memory)
+            with no progress on the socket; then the session ends (SessionClosed).
+        max_name_bytes (4 KiB): Longest channel name (UTF-8 bytes) or creation metadata
+            (omnistreams) accepted from the peer; offers with a longer one are refused.
+        capture (None): Opt-in recording of the raw bytes each session sends and receives: a
+            factory called once per session (see CaptureSink and tracing).
     """
 
     receive_window: int = 1024 * 1024
@@ -72,11 +198,12 @@ class SessionConfig:
     option's value)."""
 
     keepalive_interval: float | None = 15.0
-    """Seconds between keepalive pings (formats with pings: yamux, Streamux, smux's NOP);
-    on formats without pings (MultiplexingStream, mplex, omnistreams), polymux heartbeats
-    (a frame every implementation ignores), at least every 15 s whatever this is; it also
-    sets the TCP keepalive of the connections polymux makes and accepts (first probe after
-    this long without a byte from the peer). None disables all three. With
+    """Seconds between keepalive pings (formats with pings: yamux, Streamux, and smux,
+    whose NOP nothing answers: there any whole frame from the peer counts as its answer);
+    on formats without pings (MultiplexingStream, mplex, omnistreams) and smux, polymux
+    heartbeats (a frame every implementation ignores), at least every 15 s whatever this
+    is; it also sets the TCP keepalive of the connections polymux makes and accepts (first
+    probe after this long without a byte from the peer). None disables all three. With
     ``keepalive_timeout`` it bounds how long a vanished peer (a cut with no FIN or RST) goes
     unnoticed: interval + timeout, 25 s by default (``docs/connection-loss.md``: a peer is
     judged by its silence once it has shown that it sends heartbeats or pings; a foreign
@@ -304,9 +431,63 @@ class SessionConfig:
 
     @classmethod
     def from_options(cls, config: SessionConfig | None = None, **options: Any) -> SessionConfig:
-        """Return ``config`` (or the defaults) with ``options`` applied; unknown names raise."""
+        """Return ``config`` (or the defaults) with ``options`` applied.
+
+        Raises:
+            TypeError: an unknown name, with the closest ones ("unknown session option
+                'keepalive'; did you mean 'keepalive_interval' or 'keepalive_timeout'?").
+            ValueError: a value the field does not take.
+        """
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise TypeError(f"unknown session option(s): {', '.join(unknown)}")
+            raise TypeError(
+                f"unknown session option {unknown[0]!r}{suggest(unknown[0], names)}"
+                + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
+            )
         return replace(config or cls(), **options)
+
+
+class SessionOptions(TypedDict, total=False):
+    """The :class:`SessionConfig` fields as keyword options (``polymux.connect(...,
+    receive_window=...)``): what ``**options`` of the API's entry points take, so that type
+    checkers see a misspelt or mistyped option. Each is documented on the field."""
+
+    receive_window: int
+    ack_min: int
+    max_channels: int
+    accept_backlog: int
+    write_buffer_high: int
+    write_buffer_low: int | None
+    stream_limit: int
+    batch_bytes: int
+    handshake_timeout: float
+    close_timeout: float
+    max_receive_window: int | None
+    window_budget: int | None
+    keepalive_interval: float | None
+    keepalive_timeout: float
+    stall_timeout: float | None
+    idle_timeout: float | None
+    stream_open_timeout: float
+    max_unacked_opens: int
+    streamux_id_bits: tuple[int, int, int] | None
+    streamux_length_bits: tuple[int, int, int] | None
+    streamux_quick_init: str | None
+    streamux_response_hold: int | None
+    streamux_hold_budget: int | None
+    streamux_early_responses: bool | None
+    omnistreams_numbering: str | None
+    max_message_size: int | None
+    send_frame: int
+    slow_reader: str
+    slow_reader_timeout: float
+    max_inbound_channels: int
+    max_outbound_channels: int
+    inbound_channel_rate: float
+    max_session_memory: int
+    smux_peer_buffer: int | None
+    max_queued_control: int
+    send_timeout: float | None
+    max_name_bytes: int
+    capture: CaptureFactory | None

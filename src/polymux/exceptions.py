@@ -57,6 +57,12 @@ class ProtocolError(PolymuxError):
     whose ``__cause__`` is this error.
     """
 
+    diagnosis: str | None = None
+    """When the violation came in the peer's very first bytes: what they suggest the peer
+    speaks (another format, another version of this one), in words; else ``None``."""
+    first_bytes: bytes = b""
+    """The peer's first bytes (up to 64), when the violation came in them; else empty."""
+
     def __init__(self, fmt: str, message: str) -> None:
         super().__init__(f"{fmt}: {message}")
         self.format = fmt
@@ -79,6 +85,7 @@ class FormatMismatch(ProtocolError):
 
     def __init__(self, fmt: str, detail: str, first_bytes: bytes, foreign: str | None = None) -> None:
         super().__init__(fmt, detail)
+        self.diagnosis = detail
         self.first_bytes = first_bytes
         """The first bytes the peer sent (up to 64)."""
         self.foreign = foreign
@@ -132,7 +139,84 @@ class SessionClosed(PolymuxError, ConnectionError):
 
     When the session ended because of an error (a protocol violation, a reset
     connection), that error is the ``__cause__``.
+
+    :attr:`ending` says how the connection ended (the peer closed it cleanly, reset it,
+    vanished, broke the format, or we closed it); when the peer never spoke the format,
+    :attr:`diagnosis` says why there was no session (what it sent, what it probably speaks:
+    another format, another version of this one) and the message says it too. An error
+    chained to the one the session ended with (``raise SessionClosed(...) from it``) says
+    the same.
     """
+
+    CLOSED = "closed"
+    """:attr:`ending`: the peer closed the connection (a clean end of stream)."""
+    RESET = "reset"
+    """:attr:`ending`: the connection was reset or broke (``ECONNRESET``, ``EPIPE`` ...)."""
+    VANISHED = "vanished"
+    """:attr:`ending`: the peer went silent: a deadline for it passed (its handshake or
+    first frame, a keepalive answer, taking our bytes)."""
+    VIOLATION = "violation"
+    """:attr:`ending`: the peer broke the wire format (the cause is the
+    :class:`ProtocolError`)."""
+    LOCAL = "local"
+    """:attr:`ending`: we closed it (``aclose()``, ``abort()``, ``idle_timeout``)."""
+
+    def __init__(
+        self,
+        *args: object,
+        ending: str | None = None,
+        first_bytes: bytes | None = None,
+        diagnosis: str | None = None,
+    ) -> None:
+        super().__init__(*args)
+        self._ending = ending
+        self._first_bytes = first_bytes
+        self._diagnosis = diagnosis
+
+    def _chained(self) -> SessionClosed | None:
+        """The first error of the cause chain that knows how the session ended."""
+        error = self.__cause__
+        for _ in range(8):
+            if error is None:
+                return None
+            if isinstance(error, SessionClosed) and error._ending is not None:
+                return error
+            error = error.__cause__
+        return None
+
+    @property
+    def ending(self) -> str | None:
+        """How the connection ended: :attr:`CLOSED`, :attr:`RESET`, :attr:`VANISHED`,
+        :attr:`VIOLATION` or :attr:`LOCAL`; ``None`` when the session did not end (an
+        operation the session refused while it closes)."""
+        if self._ending is not None:
+            return self._ending
+        chained = self._chained()
+        if chained is not None:
+            return chained._ending
+        return self.VIOLATION if isinstance(self.__cause__, ProtocolError) else None
+
+    @property
+    def first_bytes(self) -> bytes:
+        """The first bytes the peer sent (up to 64; empty: none)."""
+        if self._first_bytes is not None:
+            return self._first_bytes
+        chained = self._chained()
+        if chained is not None and chained._first_bytes is not None:
+            return chained._first_bytes
+        return self.__cause__.first_bytes if isinstance(self.__cause__, ProtocolError) else b""
+
+    @property
+    def diagnosis(self) -> str | None:
+        """Why there was no session, when the peer never spoke the format: what it sent
+        (or that it sent nothing, and whether it closed, reset or stayed silent), what it
+        probably speaks, and what to try; ``None`` when the peer spoke the format."""
+        if self._diagnosis is not None:
+            return self._diagnosis
+        chained = self._chained()
+        if chained is not None:
+            return chained._diagnosis
+        return self.__cause__.diagnosis if isinstance(self.__cause__, ProtocolError) else None
 
 
 class LimitExceeded(PolymuxError):

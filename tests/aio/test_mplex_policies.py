@@ -25,6 +25,7 @@ import pytest
 
 import polymux
 from polymux.aio.channel import ChannelTransport
+from polymux.aio.session import MuxProtocol
 from polymux.engine.mplex import HEARTBEAT_STREAM
 from polymux.exceptions import ChannelOverflow
 from polymux.session import CoreChannel
@@ -95,17 +96,20 @@ def track_held(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Record, per server-side channel name, the most bytes it ever held unread after
     receiving (reader buffer + backlog)."""
     peaks: dict[str, int] = {}
-    original = ChannelTransport.data
+    original = MuxProtocol.data_received
 
-    def feed(self: ChannelTransport, data: Any, more: Any, n: int) -> None:
-        original(self, data, more, n)
-        reader = self._reader
-        if not self._host.is_client and reader is not None and not self._done:
-            held = len(reader._buffer) + self._backlog_size
-            assert held == self._unconsumed
-            peaks[self.name] = max(peaks.get(self.name, 0), held)
+    def received(self: MuxProtocol, data: bytes) -> None:
+        original(self, data)
+        if self.is_client:
+            return
+        for channel in self._channels.values():
+            reader, inbox = channel._reader, channel._inbox
+            if reader is not None and inbox is not None and not channel._done:
+                held = len(reader._buffer) + inbox.size
+                assert held == inbox.unconsumed
+                peaks[channel.name] = max(peaks.get(channel.name, 0), held)
 
-    monkeypatch.setattr(ChannelTransport, "data", feed)
+    monkeypatch.setattr(MuxProtocol, "data_received", received)
     return peaks
 
 
@@ -181,7 +185,7 @@ async def test_block_pauses_connection_bounds_memory_and_loses_nothing(
             assert writer.transport.get_write_buffer_size() > low
             assert written[0] < 32 * MiB, written[0]
             slow_reader = peer.readers["slow/1"]
-            held = len(slow_reader._buffer) + channel._backlog_size  # type: ignore[attr-defined]
+            held = len(slow_reader._buffer) + (channel._inbox.size if channel._inbox is not None else 0)
             assert WINDOW < held <= WINDOW + SOCKET_READ, held
             print(f"{protocol}: held {held}, peak {peaks['slow/1']}, written {written[0]}")
             assert WINDOW < peaks["slow/1"] <= WINDOW + SOCKET_READ, peaks

@@ -94,7 +94,7 @@ def server_channel(server: polymux.Server, name: str) -> ChannelTransport:
 def held(channel: ChannelTransport) -> int:
     """Bytes a channel holds received and unread."""
     assert channel._reader is not None
-    return len(channel._reader._buffer) + channel._backlog_size
+    return len(channel._reader._buffer) + (channel._inbox.size if channel._inbox is not None else 0)
 
 
 # -- 1. data both ways ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ import pytest
 
 import polymux
 from polymux.aio.channel import ChannelTransport
-from polymux.engine.events import DataReceived
+from polymux.engine.plane import DataRuns
 from polymux.engine.streamux import StreamuxEngine
 from polymux.exceptions import ChannelOverflow
 from polymux.wire.streamux import (
@@ -190,17 +190,16 @@ def request_sizes(seed: int) -> list[int]:
 
 
 def record_data_events(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[int]]:
-    """Per engine (``id()``), the channel handle of every DataReceived, in order."""
+    """Per engine (``id()`` of its ``runs``, the data plane's receiving side), the channel
+    handle of every data chunk received, in order (into an inbox or into an event)."""
     log: dict[int, list[int]] = {}
-    original = StreamuxEngine.receive_data
+    original = DataRuns.add
 
-    def receive_data(self: StreamuxEngine, data: bytes) -> list[Any]:
-        events = original(self, data)
-        handles = log.setdefault(id(self), [])
-        handles.extend(e.channel for e in events if isinstance(e, DataReceived))
-        return events
+    def add(self: DataRuns, record: Any, payload: Any, n: int) -> None:
+        log.setdefault(id(self), []).append(record.handle)
+        original(self, record, payload, n)
 
-    monkeypatch.setattr(StreamuxEngine, "receive_data", receive_data)
+    monkeypatch.setattr(DataRuns, "add", add)
     return log
 
 
@@ -245,7 +244,7 @@ async def test_a_thousand_concurrent_requests(
     assert server_session.exception is None
     # Chunks of different requests interleaved on the wire (each way).
     server_engine = engine_of(server_session)
-    assert interleaved(log[id(server_engine)]) > 10
+    assert interleaved(log[id(server_engine.runs)]) > 10
     await until(lambda: engine.channel_count == 0 and server_engine.channel_count == 0)
     assert elapsed < 45
 

@@ -25,12 +25,13 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 import pytest
 
 import polymux
 from polymux.aio.channel import ChannelTransport
+from polymux.aio.session import MuxProtocol
 from polymux.engine.yamux import YamuxEngine
 from polymux.wire.yamux import HEADER, Decoder, Flag, Frame, GoAwayCode, Type, encode_header
 
@@ -80,20 +81,23 @@ def server_channel(session: polymux.Session, name: str) -> ChannelTransport:
 def held(channel: ChannelTransport) -> int:
     """Bytes a channel holds received and unread: its reader's buffer plus its backlog."""
     assert channel._reader is not None
-    return len(channel._reader._buffer) + channel._backlog_size
+    return len(channel._reader._buffer) + (channel._inbox.size if channel._inbox is not None else 0)
 
 
 def track_held(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Record, per server-side channel name, the most bytes it ever held unread."""
     peaks: dict[str, int] = {}
-    original = ChannelTransport.data
+    original = MuxProtocol.data_received
 
-    def feed(self: ChannelTransport, data: Any, more: Any, n: int) -> None:
-        original(self, data, more, n)
-        if not self._host.is_client and self._reader is not None and not self._done:
-            peaks[self.name] = max(peaks.get(self.name, 0), held(self))
+    def received(self: MuxProtocol, data: bytes) -> None:
+        original(self, data)  # (data frames go straight into the channels' inboxes)
+        if self.is_client:
+            return
+        for channel in self._channels.values():
+            if channel._reader is not None and not channel._done:
+                peaks[channel.name] = max(peaks.get(channel.name, 0), held(channel))
 
-    monkeypatch.setattr(ChannelTransport, "data", feed)
+    monkeypatch.setattr(MuxProtocol, "data_received", received)
     return peaks
 
 

@@ -133,7 +133,24 @@ def test_polymux_bench_without_a_checkout_says_so(
 ) -> None:
     monkeypatch.setattr(cli_bench, "find_suite", lambda start=None: None)
     assert cli_main(["bench"]) == 1  # the suite is an input that is missing
-    assert "cannot find the benchmark suite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot find the benchmark suite" in err
+    assert "git clone https://github.com/polymux/polymux;" in err and "..." not in err
+
+
+def test_the_suite_without_matplotlib_keeps_its_results(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without the bench extra a run keeps its tables and results.json and says what to install
+    for the plots (it ran for minutes, then died on ``import matplotlib``)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import report
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    assert report.plots_if_possible(tmp_path, []) == ([], report.NO_PLOTS)
+    assert "pip install 'polymux[bench]'" in report.NO_PLOTS and not list(tmp_path.iterdir())
 
 
 def test_node_reference_rows_move_the_bytes() -> None:

@@ -363,6 +363,62 @@ class Page:
             "DOM.setFileInputFiles", {"files": [str(p) for p in paths], "objectId": await self.node(selector)}
         )
 
+    async def center(self, selector: str) -> tuple[float, float]:
+        """The middle of the first element matching ``selector``, in CSS pixels."""
+        box = await self.evaluate(
+            f"(e => {{ e.scrollIntoView({{block: 'nearest'}}); const r = e.getBoundingClientRect();"
+            f" return [r.x + r.width / 2, r.y + r.height / 2] }})(document.querySelector({json.dumps(selector)}))"
+        )
+        return float(box[0]), float(box[1])
+
+    async def tap(self, selector: str) -> None:
+        """Touch the element ``selector`` with a finger (a phone's tap: touch events, then
+        the click the browser makes of them)."""
+        x, y = await self.center(selector)
+        for kind, points in (("touchStart", [{"x": x, "y": y}]), ("touchEnd", [])):
+            await self.send("Input.dispatchTouchEvent", {"type": kind, "touchPoints": points})
+
+    async def click(self, selector: str) -> None:
+        """Click the element ``selector`` with the mouse (moves there first: hover)."""
+        x, y = await self.center(selector)
+        await self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+        for kind in ("mousePressed", "mouseReleased"):
+            await self.send(
+                "Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}
+            )
+
+    async def hover(self, selector: str) -> None:
+        """Move the mouse over the element ``selector``."""
+        x, y = await self.center(selector)
+        await self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+
+    async def type_text(self, text: str) -> None:
+        """Type ``text`` into the focused element (as an input method does)."""
+        await self.send("Input.insertText", {"text": text})
+
+    async def press_enter(self, *, shift: bool = False) -> None:
+        """Press Enter (with Shift) on the keyboard, into the focused element."""
+        event = {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, "modifiers": 8 if shift else 0}
+        await self.send("Input.dispatchKeyEvent", {"type": "keyDown", "text": "\r", **event})
+        await self.send("Input.dispatchKeyEvent", {"type": "keyUp", **event})
+
+    async def file_chooser(self) -> asyncio.Future[int]:
+        """From now on, a file dialog the page opens is caught (not shown): the future
+        gets the file input's backend node id (pass it to :meth:`choose`)."""
+        opened: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_event(method: str, params: dict[str, Any], session: str | None) -> None:
+            if session == self.session and method == "Page.fileChooserOpened" and not opened.done():
+                opened.set_result(int(params["backendNodeId"]))
+
+        self.browser.listen(on_event)
+        await self.send("Page.setInterceptFileChooserDialog", {"enabled": True})
+        return opened
+
+    async def choose(self, node: int, paths: list[Path]) -> None:
+        """Choose ``paths`` in the file dialog :meth:`file_chooser` caught."""
+        await self.send("DOM.setFileInputFiles", {"files": [str(p) for p in paths], "backendNodeId": node})
+
     async def drop_files(self, selector: str, paths: list[Path]) -> None:
         """Drag ``paths`` onto the element ``selector`` and drop them, as a user would."""
         box = await self.evaluate(

@@ -67,9 +67,10 @@ async def say_in_page(page: Page, text: str) -> None:
 
 
 async def message_in_page(page: Page, room: str, nick: str, text: str) -> dict[str, Any]:
-    """Wait until the page shows ``nick: text`` in ``room``; its data attributes."""
+    """Wait until the page shows ``nick: text`` in ``room``, relayed by the server (ours: no
+    longer marked as sending); its data attributes."""
     found: dict[str, Any] = await page.wait_for(
-        f"""[...document.querySelectorAll('ol[data-room={js(room)}] li.msg[data-nick={js(nick)}]')]
+        f"""[...document.querySelectorAll('ol[data-room={js(room)}] li.msg[data-nick={js(nick)}][data-seq]')]
             .filter(li => li.querySelector('.text').textContent === {js(text)})
             .map(li => ({{...li.dataset}}))[0]"""
     )
@@ -105,6 +106,15 @@ async def poll(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 
             return value
     except TimeoutError:
         raise AssertionError(f"no {what} within {timeout} s") from None
+
+
+async def join_another(page: Page, room: str) -> None:
+    """Join ``room`` as a person does once in a room: "+", the room's name, Join."""
+    await page.evaluate("document.querySelector('#add-room').click()")
+    await page.wait_for("document.querySelector('#room-dialog').open")
+    await page.evaluate(
+        f"document.querySelector('#new-room').value = {js(room)}; document.querySelector('#join-room').requestSubmit()"
+    )
 
 
 async def terminal(webchat: WebChatServer, nick: str) -> tuple[polymux.Session, ChatClient]:
@@ -144,10 +154,8 @@ async def test_page_and_terminal_chat_both_ways(
             await term.say("lobby", "hello from the terminal ✓")
             await message_in_page(page, "lobby", "term", "hello from the terminal ✓")
 
-            # A second room, joined with the form: messages stay in their room.
-            await page.evaluate(
-                "document.querySelector('#room').value = 'dev'; document.querySelector('#join').requestSubmit()"
-            )
+            # A second room, joined with "+": messages stay in their room.
+            await join_another(page, "dev")
             await page.wait_for("document.querySelector('ol[data-room=dev] li.joined')")
             await term.join("dev")
             await say_in_page(page, "in dev only")
@@ -162,9 +170,7 @@ async def test_page_and_terminal_chat_both_ways(
             await term.join("ops")
             namesake = ChatClient(session, "web")  # kept: a channel whose writer is collected closes
             await namesake.join("ops")
-            await page.evaluate(
-                "document.querySelector('#room').value = 'ops'; document.querySelector('#join').requestSubmit()"
-            )
+            await join_another(page, "ops")
             refusal = await page.wait_for("document.querySelector('#notice [data-topic=join]').textContent")
             assert refusal == "cannot join #ops: nick 'web' is taken in room 'ops'"
             assert await page.evaluate("document.querySelector('ol[data-room=ops]')") is None
@@ -220,8 +226,10 @@ async def test_upload_and_download_verified(browser: Browser, webchat: WebChatSe
         assert sha256(webchat.files / source.name) == digest  # on the server's disk
         assert int(up["done"]) == size
 
-        await page.wait_for(f"document.querySelector('#listing a.get[data-name={js(source.name)}]')")
-        await page.evaluate(f"document.querySelector('#listing a.get[data-name={js(source.name)}]').click()")
+        await page.wait_for(f"document.querySelector('#listing button.get[data-name={js(source.name)}]')")
+        await page.evaluate(
+            f"document.querySelector('#listing button.get[data-name={js(source.name)}]').click()"
+        )
         down = await transfer_done(page, "download", source.name)
         assert down["sha256"] == digest
         await saved.wait()  # the browser saved the file
@@ -247,17 +255,19 @@ async def test_transfers_at_once_and_chat_stays_responsive(
         session, term = await terminal(webchat, "term")
         async with session:
             await term.join("lobby")
-            await page.wait_for(f"document.querySelectorAll('#listing a.get').length === {len(downloads)}")
+            await page.wait_for(
+                f"document.querySelectorAll('#listing button.get').length === {len(downloads)}"
+            )
             # Everything at once: a download held at once (paused: the page stops reading it),
             # two downloads, two uploads from the file input and one dropped on the page.
             await page.evaluate(
-                f"""document.querySelector('#listing a.get[data-name={js(held)}]').click()
+                f"""document.querySelector('#listing button.get[data-name={js(held)}]').click()
                 document.querySelector('.transfer[data-name={js(held)}] button.pause').click()
                 for (const name of {js([n for n in downloads if n != held])})
-                    document.querySelector(`#listing a.get[data-name="${{name}}"]`).click()"""
+                    document.querySelector(`#listing button.get[data-name="${{name}}"]`).click()"""
             )
             await page.set_files("#pick", [tmp_path / "up-0.bin", tmp_path / "up-1.bin"])
-            await page.drop_files("#drop", [tmp_path / "up-2.bin"])
+            await page.drop_files("#messages", [tmp_path / "up-2.bin"])
 
             # Chat both ways while the transfers run and the held download waits.
             await say_in_page(page, "while transferring")
@@ -287,7 +297,7 @@ async def test_transfers_at_once_and_chat_stays_responsive(
             # Cancel: a download held by the page, then cancelled there, ends on the server too.
             row = f".transfer[data-name={js(held)}]:not([data-state=done])"
             await page.evaluate(
-                f"""document.querySelector('#listing a.get[data-name={js(held)}]').click()
+                f"""document.querySelector('#listing button.get[data-name={js(held)}]').click()
                 document.querySelector({js(row + " button.pause")}).click()"""
             )
 
@@ -300,7 +310,7 @@ async def test_transfers_at_once_and_chat_stays_responsive(
             info = await page.wait_for(
                 f"document.querySelector({js(cancelled)})?.querySelector('.info').textContent"
             )
-            assert info.startswith("Cancelled at ") and " of 16.0 MiB" in info, info
+            assert info.startswith("Cancelled at ") and " of 16.8 MB" in info, info
 
             async def gone_from_server() -> bool:
                 return not (await webchat.stats())["downloads"]
@@ -317,12 +327,12 @@ async def test_slow_page_throttles_the_server(browser: Browser, webchat: WebChat
     digest = random_file(webchat.files / name, size)
     async with asyncio.timeout(120):
         await open_page(page, webchat.url)
-        await page.wait_for(f"document.querySelector('#listing a.get[data-name={js(name)}]')")
+        await page.wait_for(f"document.querySelector('#listing button.get[data-name={js(name)}]')")
         rss_before = (await webchat.stats())["rss"]
         # Start the download and pause it in the same task: the page reads the header and
         # at most one chunk, then stops reading.
         await page.evaluate(
-            f"""document.querySelector('#listing a.get[data-name={js(name)}]').click()
+            f"""document.querySelector('#listing button.get[data-name={js(name)}]').click()
             document.querySelector('.transfer[data-name={js(name)}] button.pause').click()"""
         )
         channel = f"webchat.transfers.find(t => t.name === {js(name)}).channel"

@@ -124,15 +124,24 @@ class Procs:
     def __init__(self) -> None:
         self.started: list[Proc] = []
 
-    async def start(self, *args: str | Path, name: str | None = None, stdin: int | None = None) -> Proc:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    async def start(
+        self,
+        *args: str | Path,
+        name: str | None = None,
+        stdin: int | None = None,
+        cwd: Path = ROOT,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """Start ``args`` in ``cwd`` (the checkout unless told), with this process's
+        environment or ``env``."""
+        env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1", COLUMNS="200")
         proc = await asyncio.create_subprocess_exec(
             *(str(a) for a in args),
             stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             # As from a terminal: Ctrl-C (SIGINT) and SIGQUIT at their defaults. A suite run
             # in the background (`scripts/test &`, nohup, some CI runners) has them ignored,
             # and a child inherits that: the Ctrl-C tests then waited for ever.

@@ -73,7 +73,10 @@ async def test_demo_interrupted_and_resumed(procs: Procs) -> None:
         re.MULTILINE,
     )
     assert m2, out
-    assert int(m2.group(2)) == int(m.group(1))  # complete before the cut: not sent again
+    # Complete before the cut: not sent again. A file whose last bytes reached the receiver
+    # just before the cut, its confirmation lost with the connection, is complete there
+    # too: the resume finds it unchanged (nothing is sent twice either way).
+    assert int(m2.group(2)) >= int(m.group(1))
     assert "6/6 identical to the originals" in out
     # The first connection's unfinished files were cut on purpose: shown as cut, not FAILED.
     assert "FAILED" not in out and re.search(r"^  cut       \S+ at ", out, re.MULTILINE), out

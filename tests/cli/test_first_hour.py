@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,12 +198,27 @@ def test_analyze_without_its_extras_says_what_to_install(
 ) -> None:
     import polymux.pipeline
 
-    def missing(*_args: object, **_kwargs: object) -> object:
-        raise ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
+    def missing(_inputs: object, out: str, **_kwargs: object) -> object:
+        Path(out).mkdir()  # as the pipeline does before it reads a pcap file (dpkt)
+        raise ModuleNotFoundError("No module named 'dpkt'", name="dpkt")
 
     monkeypatch.setattr(polymux.pipeline, "analyze", missing)
     assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "out")]) == EXIT_FAILED
     assert "pip install 'polymux[spark,pcap]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # no empty report folder left behind
+
+
+def test_analyze_without_spark_stops_before_it_creates_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # find_spec("pyspark") -> None: not installed
+    assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "report")]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs pyspark, which is not installed" in err, err
+    assert not (tmp_path / "report").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there stays, whatever happens
+    assert main(["analyze", str(tmp_path), "--out", str(tmp_path / "kept")]) == EXIT_FAILED
+    assert (tmp_path / "kept").is_dir()
 
 
 def test_the_report_without_matplotlib_says_what_to_install(

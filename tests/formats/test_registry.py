@@ -84,10 +84,9 @@ def test_resolve_maps_the_compatibility_keywords_onto_the_options() -> None:
     )
     with pytest.raises(ValueError, match=r"given as SessionConfig streamux_quick_init\)$"):
         formats.resolve("streamux", SessionConfig(streamux_quick_init="yes"))
-    # mstream has no options: a configuration changes nothing.
-    assert formats.resolve("mstream-v3", SessionConfig(streamux_quick_init="request")) is formats.get(
-        "mstream-v3"
-    )
+    # mstream has no options: another format's keyword is refused, not ignored (issue 40).
+    with pytest.raises(ValueError, match=r"^streamux_quick_init is an option of streamux \(StreamuxOptions"):
+        formats.resolve("mstream-v3", SessionConfig(streamux_quick_init="request"))
 
 
 def test_the_api_takes_a_configured_format() -> None:

@@ -323,11 +323,12 @@ async def test_keepalive_both_ways_go_server(go_smux_peer: Path, protocol: str) 
 @pytest.mark.parametrize(("ours", "theirs"), [("smux", "smux-v2"), ("smux-v2", "smux")])
 async def test_version_mismatch(go_smux_peer: Path, ours: str, theirs: str) -> None:
     """Both ends must be configured alike: the Go library ends the session on our first
-    frame ("invalid protocol"), and our open channel fails."""
+    frame ("invalid protocol") without a word, and our open channel fails with an error
+    that says so and names the other version (issue 40 item 7)."""
     go = await _go_server(go_smux_peer, "tcp", theirs)
     try:
         session = await _connect(go, "tcp", ours, keepalive_interval=None)
-        with pytest.raises(polymux.SessionClosed):  # at the open, or when reading
+        with pytest.raises(polymux.SessionClosed) as info:  # at the open, or when reading
             reader, _writer = await _open(session, "echo/1")
             await asyncio.wait_for(reader.read(), 30)
         await session.aclose()
@@ -335,6 +336,10 @@ async def test_version_mismatch(go_smux_peer: Path, ours: str, theirs: str) -> N
     finally:
         await go.aclose()
     assert result["accept_error"] == "invalid protocol", result
+    error = info.value
+    assert error.ending in (polymux.SessionClosed.CLOSED, polymux.SessionClosed.RESET), error
+    assert error.diagnosis is not None and f"another version of it ({theirs})" in error.diagnosis
+    assert "the server" in error.diagnosis and error.diagnosis in str(error)
 
 
 # -- the Go library opens, polymux responds ----------------------------------------------------

@@ -414,6 +414,58 @@ def test_a_closed_channel_that_the_peer_ends_in_time_finishes_cleanly() -> None:
     assert not a.events()
 
 
+@pytest.mark.parametrize("fmt", ["yamux", "streamux", "mplex"])
+def test_a_closed_channel_still_sending_to_a_peer_that_reads_is_not_reset(fmt: str) -> None:
+    """close() with more queued than the peer takes in close_timeout: while the peer takes
+    some of it in each close_timeout, the deadline moves on and every byte arrives, then
+    the end (a reset would have dropped the rest: Streamux shows it as a clean end)."""
+    a, b = pair(fmt, close_timeout=10.0)
+    if fmt == "streamux":
+        # a serves b's request, and its response is what a closes with data queued.
+        y = b.open_channel("")
+        b.write(y, b"request")
+        b.write_eof(y)
+        pump(b, a)
+        x = one(a.events(), ce.Incoming).handle
+        b.events()
+    else:
+        x, y = open_to(a, b)
+    a.write(x, bytes(4 * 1024 * 1024))
+    a.close_channel(x)
+    got = 0
+    now = 0.0
+    while x in a.channels:
+        # The peer takes one batch per 9 s: slower than close_timeout for all of it.
+        for chunk in a.data_to_send():
+            b.receive_data(bytes(chunk), now)
+        for event in b.events():
+            if isinstance(event, ce.Data):
+                got += event.n
+                b.consumed(y, event.n, now)
+        for chunk in b.data_to_send():
+            a.receive_data(bytes(chunk), now)
+        a.events()
+        now += 9.0
+        a.handle_timer(now)
+        assert now < 10_000, "never finished"
+    assert got == 4 * 1024 * 1024
+    assert of(b.events(), ce.Ended) or b.channels.get(y) is None or b.channels[y].receiving.ended
+
+
+def test_a_closed_channel_whose_peer_takes_nothing_is_reset_at_close_timeout() -> None:
+    """close() with data queued and a peer that grants no credit: no progress within
+    close_timeout, the channel is reset (its queued data dropped)."""
+    a, b = pair("yamux", close_timeout=10.0)
+    x, _ = open_to(a, b)
+    a.write(x, bytes(1024 * 1024))  # beyond yamux's 256 KiB window: the rest waits for credit
+    pump(a, b)  # (b does not read: no credit comes back)
+    a.close_channel(x)
+    assert a.channels[x].buffered
+    a.handle_timer(10.0)
+    assert x not in a.channels
+    assert of(a.events(), ce.Finished)[-1] == ce.Finished(x)
+
+
 # -- the timer heap -------------------------------------------------------------------------
 
 

@@ -36,15 +36,47 @@ def test_an_http_request_to_a_yamux_server() -> None:
     assert [e for e in core.events() if isinstance(e, ce.Failed)] == [ce.Failed(error)]
 
 
-def test_bytes_of_something_else() -> None:
-    core = server("mplex")
-    core.receive_data(bytes.fromhex("000200010000000000000001"), 0.0)  # a yamux ping
+def client(fmt: str) -> SessionCore:
+    config = SessionConfig()
+    core = SessionCore(make_engine(fmt, config, is_client=True), config, 0.0, is_client=True)
+    core.connection_made(0.0)
+    core.data_to_send()
+    return core
+
+
+def test_bytes_of_another_format_name_it() -> None:
+    """A client's session names the format its server speaks, with the format registry's
+    detector (issue 40 item 7)."""
+    core = client("mplex")
+    core.receive_data(bytes.fromhex("000200010000000000000001"), 0.0)  # a yamux server's ping
     error = core.error
     assert isinstance(error, FormatMismatch) and error.foreign is None
     assert str(error) == (
+        "mplex: the peer speaks yamux, not mplex (confidence 0.95: 1 yamux frame, the first: ping on stream 0 "
+        "(a yamux ping: 8 of its 12 bytes are fixed)); run both sides with the same format (protocol='yamux') "
+        "(it sent 00 02 00 01 00 00 00 00 00 00 00 01; as mplex: NewStream for stream 0, which the peer "
+        "already has open)"
+    )
+    assert error.diagnosis == error.detail
+
+
+def test_a_servers_sessions_do_not_run_the_detector() -> None:
+    """A server's junk connections stay cheap: what the bytes are (HTTP ...) but no
+    detection over every format (about a millisecond each)."""
+    core = server("mplex")
+    core.receive_data(bytes.fromhex("000200010000000000000001"), 0.0)
+    assert isinstance(core.error, FormatMismatch)
+    assert str(core.error).startswith("mplex: the peer's first bytes are not mplex: it probably speaks")
+
+
+def test_bytes_of_something_else() -> None:
+    core = server("mplex")
+    core.receive_data(bytes.fromhex("07ffffffff"), 0.0)  # flag 7: fits no format
+    error = core.error
+    assert isinstance(error, FormatMismatch) and error.foreign is None
+    assert str(error).startswith(
         "mplex: the peer's first bytes are not mplex: it probably speaks another protocol or another "
-        "multiplexing format (it sent 00 02 00 01 00 00 00 00 00 00 00 01; as mplex: NewStream for stream 0, "
-        "which the peer already has open)"
+        "multiplexing format (it sent 07 ff ff ff ff; as mplex: "
     )
 
 

@@ -124,6 +124,8 @@ def test_random_interleavings_keep_the_accounting_and_end_at_zero(
     after every step; once every channel has ended, unsent and held bytes are 0, no writer
     is held, reading is not paused, and channels nobody reset delivered every byte."""
     options = {**OPTIONS, "slow_reader": slow_reader, "slow_reader_timeout": 0}
+    if fmt == "yamux":  # its windows are its own: a receive_window below 256 KiB is refused
+        del options["receive_window"]
     sides = [Side(core(fmt, client=True, **options)), Side(core(fmt, client=False, **options))]
     names = formats.get(fmt).caps.names
     # smux has no reset: a reset is a FIN after which the stream is forgotten, so the peer

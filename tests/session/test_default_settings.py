@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -290,6 +291,8 @@ async def run_all(scenario: Scenario, timeout: float, down_size: int = 0) -> lis
             run.errors.append(f"not done within {timeout - 5:g} s")
         except Exception as exc:  # noqa: BLE001 - the test reports every run's outcome
             run.errors.append(f"{type(exc).__name__}: {exc}")
+            for inner in getattr(exc, "exceptions", ()):  # a task group's: what really failed
+                run.errors.append("".join(traceback.format_exception(inner)))
         took = time.monotonic() - start
         print(f"{run.label}: {took:.1f} s, server held up to {run.max_held / MIB:.1f} MiB")
 

@@ -20,10 +20,12 @@ BELOW_SESSION = (
     "polymux.config",
     "polymux.exceptions",
     "polymux.engine",
+    "polymux.formats",
     "polymux.wire",
     "polymux.sniff",
 )
-"""What the sans-I/O session layer may import besides itself."""
+"""What the sans-I/O session layer may import besides itself (the format registry: its
+detector tells a session's errors what a peer of another format speaks)."""
 
 ABOVE_DRIVERS = (
     "polymux.cli",

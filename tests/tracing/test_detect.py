@@ -45,6 +45,29 @@ async def test_detects_every_format(fmt: str, tmp_path: Path) -> None:
         assert detect_format(c2s, b"") == _expected(fmt), size
 
 
+@pytest.mark.parametrize("fmt", polymux.PROTOCOLS)
+async def test_the_detectors_head_decoder_agrees_with_the_frame_decoder(fmt: str, tmp_path: Path) -> None:
+    """Detection decodes the heads with polymux.formats.detect.decode_heads (below the
+    session layer, so that sessions can name a peer's format); on real heads of every format
+    and cut at every size, its records are the FrameDecoder's."""
+    from polymux.formats import get
+    from polymux.formats.detect import decode_heads
+    from polymux.tracing import decode_chunks
+
+    def shape(records: list[polymux.tracing.FrameRecord]) -> list[tuple[object, ...]]:
+        return [(r.direction, r.offset, r.channel, r.frame_type, r.length) for r in records]
+
+    rec = await record_session(fmt, tmp_path, sizes=(100, 70_000))
+    for size in (5, 12, 64, 256, 4096):
+        c2s, s2c = _heads(rec.client.chunks, size)
+        for given in ({"c2s": c2s}, {"s2c": s2c}, {"c2s": c2s, "s2c": s2c}):
+            chunks = [(0, d, data) for d, data in given.items() if data]
+            expected = list(decode_chunks(fmt, chunks, session="detect", one_way=True))
+            records, violation = decode_heads(get(fmt), given)
+            assert violation is None and not any(r.frame_type == "violation" for r in expected), (size, given)
+            assert shape(records) == shape(expected), (size, list(given))
+
+
 def test_nothing_to_go_on() -> None:
     assert detect_format(b"", b"") is None
     assert detect_format(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 OK\r\n") is None

@@ -202,9 +202,12 @@ async def test_the_api_on_a_peer_of_another_format() -> None:
         with pytest.raises(polymux.SessionClosed) as info:
             await asyncio.wait_for(reader.read(), 10)
     assert (
-        "the peer's first bytes are not mplex: it probably speaks another protocol or another multiplexing "
-        "format (it sent 00 02 00 01"
+        "the peer speaks yamux, not mplex (confidence 0.95: 1 yamux frame, the first: ping on stream 0 "
+        "(a yamux ping: 8 of its 12 bytes are fixed)); run both sides with the same format (protocol='yamux') "
+        "(it sent 00 02 00 01"
     ) in str(info.value)
+    assert info.value.ending == polymux.SessionClosed.VIOLATION and info.value.diagnosis is not None
+    assert info.value.first_bytes.startswith(bytes.fromhex("00020001"))
 
 
 async def test_a_peer_that_stays_silent() -> None:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from typing import Any, Protocol, cast
 
 from polymux._types import BytesLike
 from polymux.aio.reader import ChannelStreamReader
+from polymux.engine.plane import Inbox
 from polymux.exceptions import ChannelClosedError
 from polymux.session import SessionCore
 
@@ -39,12 +39,6 @@ __all__ = ["ChannelHost", "ChannelTransport"]
 
 _DETACHED = asyncio.Protocol()
 """Stands in for a channel's protocol before one is attached: every callback a no-op."""
-
-_COALESCE = 64 * 1024
-"""Small received parts are joined when read from the backlog up to this size."""
-
-_NO_DEQUE: deque[BytesLike] = deque()
-"""Shared, always empty: a channel's backlog until it first needs one."""
 
 
 class ChannelHost(Protocol):
@@ -63,11 +57,15 @@ class ChannelHost(Protocol):
     def process(self) -> None:
         """Act on what the core says after a call into it (events, output, reading)."""
 
+    direct: bool
+    """Whether writes may go to the socket at once (``SessionCore.send_now``): no capture,
+    a socket transport that takes bytes."""
+
+    def write_now(self, out: list[BytesLike]) -> None:
+        """Write ``out`` to the socket now (``SessionCore.send_now``'s bytes)."""
+
     def want_flush(self) -> None:
         """The core has (or may have) something to send: run the scheduler soon."""
-
-    def credit_later(self, channel: ChannelTransport) -> None:
-        """Call ``channel.send_credit()`` once the loop's current callbacks are done."""
 
     def now(self) -> float:
         """The core's clock."""
@@ -80,18 +78,14 @@ class ChannelTransport(asyncio.Transport):
     # dict grows to ~800 bytes. "__dict__" keeps other attributes possible (lazily).
     __slots__ = (
         "__dict__",
-        "_ack_pending",
-        "_ack_scheduled",
-        "_backlog",
-        "_backlog_size",
         "_closing",
         "_core",
         "_done",
         "_eof_requested",
-        "_feed_limit",
         "_handle",
         "_held_credit",
         "_host",
+        "_inbox",
         "_label_text",
         "_local_origin",
         "_name",
@@ -103,7 +97,6 @@ class ChannelTransport(asyncio.Transport):
         "_reading_paused",
         "_receive_only",
         "_remote_ended",
-        "_unconsumed",
         "_write_error",
     )
 
@@ -130,16 +123,7 @@ class ChannelTransport(asyncio.Transport):
         self._read_closed = False
         self._done = False  # connection_lost delivered
         self._remote_ended = False
-        self._unconsumed = 0  # given to the reader (buffer + backlog), not yet consumed
-        self._ack_pending = 0  # consumed, not yet reported to the core (this iteration)
-        self._ack_scheduled = False
-        # Received data the reader does not hold yet. A StreamReader's buffer is a
-        # bytearray: appending to it after reads from its front moves everything it
-        # holds, so it is kept small (its own pause size, 2 x limit, and at least one
-        # 256 KiB read) and the rest of the window waits here.
-        self._backlog: deque[BytesLike] = _NO_DEQUE
-        self._backlog_size = 0
-        self._feed_limit = max(2 * host.core.config.stream_limit, 256 * 1024)
+        self._inbox: Inbox | None = None  # stream mode: the reader reads it
         self._reading_paused = False  # plain protocols: pause_reading()
         self._held_credit = 0  # plain protocols: consumed while paused, credit withheld
         self._receive_only: str | None = None  # one-way formats: why writes are refused
@@ -166,7 +150,8 @@ class ChannelTransport(asyncio.Transport):
         self._app = cast(asyncio.Protocol, protocol)
         self._reader = reader
         if reader is not None:
-            reader.bind(self)
+            self._inbox = inbox = self._core.stream(self._handle, reader)
+            reader.bind(self, inbox)
         engine = self._core.engine
         if engine.one_way:
             # One-way streams (omnistreams): the opener only writes, the acceptor only reads.
@@ -213,10 +198,16 @@ class ChannelTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """``channel_name``, ``channel``, ``session``, ``protocol_name``, ``metadata``
         (omnistreams: the stream's creation metadata bytes) and anything the
-        session's own transport knows (``peername``, ``sockname``, ``socket``,
-        ``ssl_object`` ... but not ``sslcontext``, see below)."""
+        session's own transport knows (``peername``, ``sockname``, ``ssl_object`` ...
+        but not ``sslcontext``, see below). ``socket`` is ``default``: a channel has no
+        socket of its own, and code that sets socket options on what it is given would
+        change every channel's; the session's shared socket is ``session_socket``."""
         if name == "channel_name":
             return self._name
+        if name == "socket":
+            return default
+        if name == "session_socket":
+            return self._host.get_extra_info("socket", default)
         if name in self._extra:
             return self._extra[name]
         if name == "channel":
@@ -253,6 +244,12 @@ class ChannelTransport(asyncio.Transport):
         ):
             data = bytes(data)
         core = self._core
+        host = self._host
+        if host.direct:
+            out = core.send_now(self._handle, data)
+            if out is not None:
+                host.write_now(out)
+                return
         if core.write(self._handle, data) and not self._protocol_paused:
             self._protocol_paused = True
             self._app.pause_writing()
@@ -342,34 +339,18 @@ class ChannelTransport(asyncio.Transport):
         self._host.process()
 
     def data(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
-        """``n`` bytes arrived from the peer: ``data`` followed by ``more``."""
+        """``n`` bytes arrived from the peer as an event: ``data`` followed by ``more``
+        (a plain protocol's data, or a stream's that arrived before its reader did)."""
         protocol = self._protocol
         if self._read_closed or protocol is None or self._done:
             self._core.consumed(self._handle, n)  # dropped, but keep the peer's credit flowing
             return
-        reader = self._reader
-        if reader is not None:
-            self._unconsumed += n
-            if (
-                reader.buffered
-                and not self._backlog
-                and (reader.buffered < self._feed_limit or reader.waiting)
-            ):
-                reader.feed_parts(data, more)
-            else:
-                # Into the backlog, copied once (a view would pin the whole received chunk
-                # it points into). ``read()`` hands these objects out as they are, so the
-                # common path copies each byte once, where the stdlib's buffer copies it
-                # in and out again.
-                backlog = self._backlog
-                if backlog is _NO_DEQUE:
-                    backlog = self._backlog = deque()
-                backlog.append(bytes(data))
-                if more:
-                    backlog.extend([bytes(part) for part in more])
-                self._backlog_size += n
-                if reader.waiting:
-                    reader.wakeup()
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.add(data, more, n)  # (counted as unconsumed by the core already)
+            reader = self._reader
+            if reader is not None:
+                reader.wakeup()
             return
         try:
             received = self._app.data_received
@@ -386,86 +367,15 @@ class ChannelTransport(asyncio.Transport):
 
     # The reader's source (ReaderSource).
 
-    @property
-    def backlog_size(self) -> int:
-        """Received bytes the reader does not hold yet."""
-        return self._backlog_size
-
-    @property
-    def unconsumed(self) -> int:
-        """Bytes given to the reader and not yet reported consumed."""
-        return self._unconsumed
-
-    def reader_consumed(self, held: int) -> None:
-        """The reader consumed everything it had beyond ``held`` unread bytes (its buffer
-        plus our backlog)."""
-        consumed = self._unconsumed - held
-        if consumed > 0:
-            self._unconsumed = held
-            # Batched: one core call per loop iteration, not per read (a reader of
-            # 64-byte messages reads twice per message, thousands per iteration).
-            self._ack_pending += consumed
-            if not self._ack_scheduled:
-                self._ack_scheduled = True
-                self._host.credit_later(self)
-
-    def send_credit(self, now: float) -> None:
-        """Report what the reader consumed since the last call (see ``credit_later``)."""
-        self._ack_scheduled = False
-        n, self._ack_pending = self._ack_pending, 0
-        if n:
-            self._core.consumed(self._handle, n, now)
-
-    def read_backlog(self, n: int) -> bytes:
-        """``read(n)`` served from the backlog (the reader's buffer is empty): a received
-        part as it is when it fits, small parts joined, a large one split."""
-        backlog = self._backlog
-        first = backlog[0]
-        size = len(first)
-        if size > n:
-            view = memoryview(first)
-            backlog[0] = view[n:]  # a view of our own copy: pins nothing more
-            data = bytes(view[:n])
-        elif size == n or size >= _COALESCE or len(backlog) == 1:
-            data = bytes(backlog.popleft())  # no copy unless it is the rest of a split part
-        else:
-            parts = []
-            size = 0
-            while backlog and size + len(backlog[0]) <= n:
-                part = backlog.popleft()
-                parts.append(part)
-                size += len(part)
-            data = b"".join(parts)
-        self._backlog_size -= len(data)
-        return data
-
-    def _top_up(self) -> bool:
-        """Move the backlog into the reader."""
-        reader = self._reader
-        backlog = self._backlog
-        if reader is None or not backlog:
-            return False
-        while backlog:
-            part = backlog.popleft()
-            self._backlog_size -= len(part)
-            reader.feed_data(part)
-        return True
-
-    def reader_waiting(self) -> bool:
-        """The reader needs more than it holds: give it the backlog and credit what it
-        holds. Returns True if it got data (it need not wait)."""
-        fed = self._top_up()
-        reader = self._reader
-        held = reader.buffered if reader is not None else 0
-        pending = self._unconsumed + self._ack_pending
-        self._unconsumed = self._ack_pending = 0
-        if pending:
-            self._core.consumed(self._handle, pending, self._host.now())
+    def reader_waiting(self) -> None:
+        """The reader waits for more than its buffer holds: credit all of it."""
         self._core.reader_waiting(self._handle)
         self._host.process()
-        # Processing may have fed the reader too (then it need not wait either); what it
-        # already held is not news (readexactly(n) wants more than that).
-        return fed or (reader is not None and reader.buffered > held)
+
+    def _fill_reader(self) -> None:
+        """What the inbox holds, into the reader's buffer (before its end)."""
+        if self._reader is not None:
+            self._reader.fill()
 
     def remote_end(self) -> None:
         """The peer finished writing."""
@@ -473,7 +383,7 @@ class ChannelTransport(asyncio.Transport):
         protocol = self._protocol
         if protocol is None or self._done or self._read_closed:
             return
-        self._top_up()  # all data before the EOF
+        self._fill_reader()  # all data before the EOF
         try:
             keep_open = self._app.eof_received()
         except Exception as exc:  # noqa: BLE001 (logged with its traceback by _protocol_failed)
@@ -505,10 +415,7 @@ class ChannelTransport(asyncio.Transport):
         self._closing = True
         if self._partner is not None:
             self._partner.close()
-        self._read_closed = True
-        self._backlog.clear()
-        self._backlog_size = 0
-        self._unconsumed = self._ack_pending = 0  # the core credits all it counted unread
+        self._read_closed = True  # (the core drops and credits what the inbox holds)
         self._eof_requested = True
         self._core.close_channel(self._handle)
         self._host.process()
@@ -548,12 +455,8 @@ class ChannelTransport(asyncio.Transport):
             self._write_error = error or ChannelClosedError(
                 f"{self._core.format}: {self._label_text} is closed"
             )
-        if drop_unread:
-            self._backlog.clear()
-            self._backlog_size = 0
-            if self._reader is not None:
-                self._reader.drop()  # the data is gone: fail now, not after it
-        self._unconsumed = self._ack_pending = 0
+        if drop_unread and self._reader is not None:
+            self._reader.drop()  # the data is gone: fail now, not after it
         self._deliver_lost(error)
 
     def _deliver_lost(self, exc: Exception | None) -> None:
@@ -562,7 +465,7 @@ class ChannelTransport(asyncio.Transport):
         self._done = True
         self._closing = True
         if not self._read_closed:
-            self._top_up()  # what arrived is readable before the end (or the error)
+            self._fill_reader()  # what arrived is readable before the end (or the error)
         protocol = self._protocol
         if protocol is not None:
             protocol.connection_lost(exc)

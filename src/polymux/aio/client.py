@@ -5,16 +5,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import Any
+import socket
+import ssl as ssl_module
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
-from polymux.config import SessionConfig
-from polymux.exceptions import SessionClosed
+from polymux.config import SessionConfig, SessionOptions
 from polymux.formats import Format, resolve
+from polymux.session.diagnosis import handshake_timed_out
 
 
-__all__ = ["connect", "connect_unix", "over"]
+__all__ = ["ConnectOptions", "UnixConnectOptions", "connect", "connect_unix", "over"]
+
+
+class UnixConnectOptions(SessionOptions, total=False):
+    """:func:`connect_unix`'s keyword options: the :class:`~polymux.SessionConfig` fields,
+    and those of ``loop.create_unix_connection``."""
+
+    ssl: bool | ssl_module.SSLContext | None
+    sock: socket.socket | None
+    server_hostname: str | None
+    ssl_handshake_timeout: float | None
+    ssl_shutdown_timeout: float | None
+
+
+class ConnectOptions(UnixConnectOptions, total=False):
+    """:func:`connect`'s keyword options: the :class:`~polymux.SessionConfig` fields, and
+    those of ``loop.create_connection``."""
+
+    family: int
+    proto: int
+    flags: int
+    local_addr: tuple[str, int] | None
+    happy_eyeballs_delay: float | None
+    interleave: int | None
 
 
 def _factory(
@@ -43,10 +69,9 @@ async def _ready(mux: MuxProtocol) -> Session:
         async with asyncio.timeout(mux.config.handshake_timeout):
             await asyncio.shield(mux.ready)
     except TimeoutError:
+        error = handshake_timed_out(mux.core, mux.config.handshake_timeout)  # what the peer sent, if anything
         _give_up(mux)
-        raise SessionClosed(
-            f"{mux.engine.format}: no handshake from the peer within {mux.config.handshake_timeout} s"
-        ) from None
+        raise error from None
     except BaseException:  # the handshake failed, or the caller gave up (cancelled, timed out)
         _give_up(mux)
         raise
@@ -69,7 +94,7 @@ async def connect(
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
-    **options: Any,
+    **options: Unpack[ConnectOptions],
 ) -> Session:
     """Connect over TCP and return a ready :class:`Session`.
 
@@ -98,7 +123,7 @@ async def connect_unix(
     config: SessionConfig | None = None,
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
-    **options: Any,
+    **options: Unpack[UnixConnectOptions],
 ) -> Session:
     """Connect over a unix socket and return a ready :class:`Session` (see :func:`connect`).
     ``path`` is None when ``sock=`` gives a connected socket."""
@@ -122,7 +147,7 @@ async def over(
     handler: ChannelHandler | None = None,
     offer_filter: OfferFilter | None = None,
     first_frame_deadline: bool | None = None,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> Session:
     """Run a session over an existing ``(reader, writer)`` pair, e.g. a subprocess's
     stdout and stdin (``asyncio.create_subprocess_exec``) or a connection opened by other
@@ -164,7 +189,7 @@ _CONNECTION_OPTIONS = frozenset(
 )
 
 
-def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     conn = {k: v for k, v in options.items() if k in _CONNECTION_OPTIONS}
     session = {k: v for k, v in options.items() if k not in _CONNECTION_OPTIONS}
     return session, conn

@@ -1,9 +1,9 @@
 """The stdlib ``StreamReader`` of a channel, and the protocol that wires it.
 
-:class:`ChannelStreamReader` tells its channel how much the application consumed, so
-credit goes back to the peer on consumption, not on arrival. It talks to its transport
-only through :class:`ReaderSource` (implemented by
-:class:`~polymux.aio.channel.ChannelTransport`).
+:class:`ChannelStreamReader` reads its channel's inbox (the data plane,
+:mod:`polymux.engine.plane`) and counts what the application consumed, so credit goes
+back to the peer on consumption, not on arrival. It talks to its transport only through
+:class:`ReaderSource` (implemented by :class:`~polymux.aio.channel.ChannelTransport`).
 
 It builds on CPython's ``StreamReader`` internals (``_buffer``, ``_waiter``, ``_eof``,
 ``_exception``, ``_paused``, ``_limit``, ``_transport`` and the ``_wait_for_data`` /
@@ -17,7 +17,7 @@ import asyncio
 from collections import deque
 from typing import Any, Protocol
 
-from polymux._types import BytesLike
+from polymux.engine.plane import Inbox
 from polymux.exceptions import ChannelClosedError
 
 
@@ -27,34 +27,23 @@ __all__ = ["ChannelStreamProtocol", "ChannelStreamReader", "ReaderSource", "Send
 class ReaderSource(Protocol):
     """What a :class:`ChannelStreamReader` needs of its channel's transport."""
 
-    @property
-    def backlog_size(self) -> int:
-        """Received bytes the reader does not hold yet."""
-
-    @property
-    def unconsumed(self) -> int:
-        """Bytes given to the reader (its buffer plus the backlog) not yet reported consumed."""
-
-    def read_backlog(self, n: int) -> bytes:
-        """``read(n)`` served from the backlog (the reader's buffer is empty)."""
-
-    def reader_consumed(self, held: int) -> None:
-        """The application consumed everything but ``held`` bytes (buffer plus backlog)."""
-
-    def reader_waiting(self) -> bool:
-        """The reader needs more than it holds: feed it the backlog and credit what it
-        holds. True if it got data (it need not wait)."""
+    def reader_waiting(self) -> None:
+        """The reader waits for more than it holds in its buffer: credit what it holds, so
+        the peer can send the rest."""
 
     def resume_reading(self) -> None:
         """The stdlib reader resumes its paused transport."""
 
 
 class ChannelStreamReader(asyncio.StreamReader):
-    """A stdlib ``StreamReader`` that tells its channel how much the application consumed.
+    """A stdlib ``StreamReader`` that reads its channel's :class:`~polymux.engine.plane.Inbox`.
 
-    Every consuming read in ``StreamReader`` ends in ``_maybe_resume_transport()``; we hook
-    there, so ``read``, ``readexactly``, ``readuntil``, ``readline`` and ``async for`` all
-    return credit, and nothing else does (credit on consumption, not on arrival).
+    The channel's data frames go into the inbox as they arrive (no call into the reader);
+    ``read(n)`` takes them from there, one copy fewer per byte than the stdlib's buffer.
+    The other reads (``readexactly``, ``readuntil``, ``readline``, ``async for``) move what
+    the inbox holds into the stdlib buffer when they would wait, and every consuming read
+    ends in ``_maybe_resume_transport()``, where what left the buffer is counted as
+    consumed: credit goes back on consumption, not on arrival, batched by the inbox.
     """
 
     # CPython's StreamReader attributes (see the module docstring).
@@ -67,14 +56,16 @@ class ChannelStreamReader(asyncio.StreamReader):
     _transport: Any
 
     _source: ReaderSource | None = None
+    _inbox: Inbox | None = None
     _deferred: Exception | None = None
     _refuse: str | None = None
     """The text of the error reads raise on the unusable half of a one-way channel
     (:class:`SendOnlyStreamReader`)."""
 
-    def bind(self, source: ReaderSource) -> None:
-        """Take data, and report consumption, through ``source`` (the channel)."""
+    def bind(self, source: ReaderSource, inbox: Inbox | None) -> None:
+        """Read ``inbox``, and ask ``source`` for credit when waiting with bytes held."""
         self._source = source
+        self._inbox = inbox
 
     def wakeup(self) -> None:
         """Wake a read waiting for data (CPython's ``_wakeup_waiter``)."""
@@ -104,6 +95,19 @@ class ChannelStreamReader(asyncio.StreamReader):
         """Forget what the reader holds (the channel was reset for falling behind)."""
         self._deferred = None
         self._buffer.clear()
+        if self._inbox is not None:
+            self._inbox.drop()
+
+    def fill(self) -> None:
+        """Move what the inbox holds into the buffer (before an end: the stdlib's reads
+        look at the buffer alone once ``_eof`` is set)."""
+        inbox = self._inbox
+        if inbox is not None and inbox.size:
+            buffer = self._buffer
+            for part in inbox.take_all():
+                buffer.extend(part)
+            inbox.waiting = False
+            self.wakeup()  # a read waiting for it returns (not with the error that may follow)
 
     def _raise_deferred(self) -> None:
         exc, self._deferred = self._deferred, None
@@ -111,73 +115,58 @@ class ChannelStreamReader(asyncio.StreamReader):
             super().set_exception(exc)
 
     async def read(self, n: int = -1) -> bytes:
-        """``StreamReader.read``; received data the buffer does not hold yet is handed
-        out without passing through the buffer (one copy fewer per byte)."""
-        while n > 0 and not self._buffer:
-            source = self._source
-            if source is None:
-                break
-            if source.backlog_size:
-                data = source.read_backlog(n)
-                self._maybe_resume_transport()
-                return data
-            if self._eof or self._exception is not None or self._deferred is not None:
-                break
-            await self._wait_for_data("read")
+        """``StreamReader.read``; what the inbox holds is handed out without passing
+        through the buffer (one copy fewer per byte)."""
+        inbox = self._inbox
+        if n > 0 and inbox is not None:
+            while not self._buffer:
+                if inbox.size:
+                    return inbox.take(n)
+                if self._eof or self._exception is not None or self._deferred is not None:
+                    break
+                await self._wait_for_data("read")
         return await super().read(n)
 
     def _maybe_resume_transport(self) -> None:
-        # Runs after every consuming read (twice per message for a reader of small
-        # length-prefixed messages), so the stdlib's step and the channel's credit
-        # bookkeeping are inlined here.
+        # Runs after every consuming read of the stdlib's (twice per message for a reader
+        # of small length-prefixed messages), so the stdlib's step is inlined here.
         buffer = self._buffer
         if self._paused and len(buffer) <= self._limit:
             self._paused = False
             self._transport.resume_reading()
-        source = self._source
-        if source is not None:
-            # Uncredited bytes are always the newest (end of the buffer, then the backlog);
-            # what is gone beyond them was consumed.
-            held = len(buffer) + source.backlog_size
-            if source.unconsumed > held:
-                source.reader_consumed(held)
+        inbox = self._inbox
+        if inbox is not None:
+            # Unconsumed bytes are always the newest (the end of the buffer, then the
+            # inbox): what is gone beyond them was consumed.
+            unconsumed = inbox.unconsumed
+            held = len(buffer) + inbox.size
+            if unconsumed > held:
+                inbox.consume(unconsumed - held)
         if self._deferred is not None and not buffer:
             self._raise_deferred()
 
-    def feed_parts(self, first: BytesLike, more: tuple[BytesLike, ...]) -> None:
-        """``feed_data`` for several parts with one wakeup (consecutive frames)."""
-        if not more:
-            self.feed_data(first)
-            return
-        buffer = self._buffer
-        buffer.extend(first)
-        for part in more:
-            buffer.extend(part)
-        self.wakeup()
-
-    @property
-    def buffered(self) -> int:
-        """Bytes in the reader's own buffer."""
-        return len(self._buffer)
-
-    @property
-    def waiting(self) -> bool:
-        """Whether a read waits for data."""
-        return self._waiter is not None
-
     async def _wait_for_data(self, func_name: str) -> None:
-        # A reader that waits while bytes sit in its buffer needs more than is there
-        # (readexactly(n), readuntil(...)): credit what it holds so the peer can send the
-        # rest, or n > window would deadlock. The stdlib resumes a paused socket here
-        # for the same reason. Memory stays bounded by what the application asked for
-        # (n, or the reader's limit) plus one window.
+        # Data in the inbox: into the buffer, the caller re-checks it. A reader that waits
+        # while bytes sit in its buffer needs more than is there (readexactly(n),
+        # readuntil(...)): credit what it holds so the peer can send the rest, or
+        # n > window would deadlock. The stdlib resumes a paused socket here for the same
+        # reason. Memory stays bounded by what the application asked for (n, or the
+        # reader's limit) plus one window.
         if self._deferred is not None:
             self._raise_deferred()
             assert self._exception is not None
             raise self._exception
-        source = self._source
-        if source is not None and source.reader_waiting():
-            return  # it fed us: the caller re-checks its buffer
+        inbox = self._inbox
+        if inbox is not None:
+            if inbox.size:
+                self.fill()
+                return
+            if self._buffer and inbox.unconsumed + inbox.pending and self._source is not None:
+                self._source.reader_waiting()
+                if inbox.size:  # (it cannot arrive meanwhile, but a plain check is cheap)
+                    self.fill()
+                    return
+            inbox.waits()
         await super()._wait_for_data(func_name)  # type: ignore[misc]  # CPython private
 
 

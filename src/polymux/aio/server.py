@@ -9,11 +9,11 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol, Self, Unpack, cast
 
 from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, SessionOptions
 from polymux.formats import Format, resolve
 from polymux.session.budget import MemoryAccount
 
@@ -417,7 +417,7 @@ def _server(
     session_handler: SessionHandler | None,
     offer_filter: OfferFilter | None,
     max_connections: int | None,
-    options: dict[str, Any],
+    options: SessionOptions,
     max_memory: int | None = None,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> Server:
@@ -451,7 +451,7 @@ async def start_server(
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     max_memory: int | None = None,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> Server:
     """Listen on TCP; each connection is a session, each incoming channel runs
     ``handler(reader, writer)`` (like ``asyncio.start_server``). ``session_handler(session)``
@@ -513,16 +513,17 @@ async def start_unix_server(
     mode: int | None = 0o600,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     max_memory: int | None = None,
-    **options: Any,
+    max_connections_per_address: int | None = None,
+    **options: Unpack[SessionOptions],
 ) -> Server:
-    """Listen on a unix socket (see :func:`start_server`; ``max_memory`` too: a unix
-    socket's peers have no address to count).
+    """Listen on a unix socket (see :func:`start_server`; ``max_memory`` too;
+    ``max_connections_per_address`` is taken and ignored: a unix socket's peers have no
+    address to count).
 
     The socket file gets permissions ``mode`` (default ``0o600``: only this user may
     connect) before the server listens, so no other user can connect in between;
     ``None`` leaves them to the umask. A stale socket file at ``path`` is replaced.
     """
-    options.pop("max_connections_per_address", None)  # (shared options: no addresses here)
     server = _server(
         protocol, handler, config, session_handler, offer_filter, max_connections, options, max_memory
     )

@@ -17,17 +17,19 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self, cast
 
-from polymux._types import CaptureSink
+from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent
 from polymux.aio.channel import ChannelTransport
 from polymux.aio.reader import ChannelStreamProtocol, ChannelStreamReader, SendOnlyStreamReader
+from polymux.aio.streams import Channel
 from polymux.config import SessionConfig
 from polymux.engine import Engine
+from polymux.engine.plane import Inbox
 from polymux.exceptions import SessionClosed
 from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import TURN, InputSlicer
+from polymux.session.slicing import DENSE_FLOOR, TURN, InputSlicer
 
 
 __all__ = ["ChannelHandler", "ChannelProtocols", "MuxProtocol", "OfferFilter", "Session"]
@@ -36,6 +38,8 @@ _clock = time.monotonic
 """The core's and the engines' clock (RTT, window tuning, deadlines). Not ``loop.time()``:
 uvloop's has millisecond resolution, which measured a loopback RTT as 0 and kept yamux
 windows from ever growing."""
+
+_perf = time.perf_counter
 
 logger = logging.getLogger("polymux")
 
@@ -86,7 +90,7 @@ def check_handler(fmt: str, one_way: bool, handler: ChannelHandler | None) -> No
 OfferFilter = Callable[[str], bool]
 """``offer_filter(name) -> bool``: accept (True) or reject (False) an incoming offer."""
 
-StreamPair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+StreamPair = Channel  # a (reader, writer) tuple, and an async context manager that closes it
 
 
 class MuxProtocol(asyncio.Protocol):
@@ -115,7 +119,9 @@ class MuxProtocol(asyncio.Protocol):
             offer_filter=offer_filter,
             has_handler=handler is not None,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
+        self.core.plane.on_report = self._report_soon
         self._handler = handler
         check_handler(self.engine.format, self.engine.one_way, handler)
         self._transport: asyncio.Transport | None = None
@@ -125,7 +131,6 @@ class MuxProtocol(asyncio.Protocol):
         self._incoming: deque[tuple[str, int, StreamPair]] = deque()
         self._accept_waiters: deque[tuple[str | None, asyncio.Future[StreamPair]]] = deque()
         self._open_room: deque[asyncio.Future[None]] = deque()  # opens waiting for max_unacked_opens
-        self._credits_due: list[ChannelTransport] = []  # channels whose consumed bytes await credit
         self._flush_pending = False
         self._write_paused = False
         self._reading = True
@@ -133,6 +138,9 @@ class MuxProtocol(asyncio.Protocol):
         self._timer_at: float | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._eof_written = False
+        self.direct = False
+        """Writes may go to the socket at once (``SessionCore.send_now``): connected, no
+        capture (it records what ``_flush`` writes), not closing."""
         # (one message a call over WebSocket: never sliced)
         self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
         self._slice_handle: asyncio.Handle | None = None
@@ -178,25 +186,39 @@ class MuxProtocol(asyncio.Protocol):
             self.on_connection_made()
         if self.config.capture is not None:
             self._start_capture(self._transport)
+        self.direct = self._capture is None
         self.core.connection_made(_clock())
         self.process()
 
     def data_received(self, data: bytes) -> None:
+        # The hot path: a read of data frames for streams goes into their inboxes with no
+        # event; only what changed something else makes the driver act (process()).
         core = self.core
         if core.failed:
             return
         if self._capture is not None:
             self._capture.received(data)
-        start = time.perf_counter()
+        start = _perf()
         slicer = self._slicer
-        if slicer.holds(data, start):
+        if start < slicer.until and slicer.holds(data, start):
             self._feed_slice()
             return
-        core.receive_data(data, _clock())
-        self.process()
-        slicer.worked(start, time.perf_counter() - start, len(data))
+        if core.receive_data(data, _clock()):
+            self.process()
+        woken = core.runs.woken
+        if woken:
+            self._wake_readers(woken)
+        elapsed = _perf() - start
+        if elapsed > DENSE_FLOOR:
+            slicer.worked(start, elapsed, len(data))
         if self._drain_waiters:
             self._wake()
+
+    def _wake_readers(self, woken: list[Inbox]) -> None:
+        """Wake the readers that waited for the data that just arrived."""
+        for inbox in woken:
+            inbox.owner.wakeup()
+        woken.clear()
 
     def _feed_slice(self) -> None:
         """Process slices of a read held back (sliced mode) for at most ``TURN``, and the
@@ -217,6 +239,8 @@ class MuxProtocol(asyncio.Protocol):
             core.receive_data(piece, _clock())
             size += len(piece)
             self.process()  # (schedules the next turn's slice while some are left)
+            if core.runs.woken:
+                self._wake_readers(core.runs.woken)
             elapsed = time.perf_counter() - start
         slicer.worked(start, elapsed, size)
         if self._drain_waiters:
@@ -229,6 +253,7 @@ class MuxProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self.direct = False
         self._slicer.pending = None
         if self._slice_handle is not None:
             self._slice_handle.cancel()
@@ -463,7 +488,9 @@ class MuxProtocol(asyncio.Protocol):
             self._attach_protocol(channel, handler)
             return
         reader, protocol = self._stream(channel)
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(channel, protocol, reader, self.loop)))
+        self._deliver(
+            name, handle, Channel(reader, asyncio.StreamWriter(channel, protocol, reader, self.loop))
+        )
 
     def on_incoming_pair(self, handle: int, reply: int, name: str) -> None:
         """The peer opened a stream pair (the core answered it): read ``handle``, write
@@ -475,7 +502,7 @@ class MuxProtocol(asyncio.Protocol):
         self._channels[reply] = out
         _out_reader, protocol = self._stream(out)
         out.partner = inbound
-        self._deliver(name, handle, (reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
+        self._deliver(name, handle, Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop)))
 
     def _deliver(self, name: str, handle: int, pair: StreamPair) -> None:
         """An incoming ``(reader, writer)``: to the handler, or to ``accept_channel``."""
@@ -636,7 +663,7 @@ class MuxProtocol(asyncio.Protocol):
             out.abort()
             raise
         out.partner = inbound
-        return reader, asyncio.StreamWriter(out, protocol, reader, self.loop)
+        return Channel(reader, asyncio.StreamWriter(out, protocol, reader, self.loop))
 
     def on_pair_answered(self, handle: int, inbound: int | None, error: Exception | None) -> None:
         """Our pair got its second half (ours to read), or failed."""
@@ -716,6 +743,12 @@ class MuxProtocol(asyncio.Protocol):
 
     # -- the send scheduler ------------------------------------------------------------------
 
+    def write_now(self, out: list[BytesLike]) -> None:
+        """Write a channel's frames at once (``SessionCore.send_now``; ``direct`` is true)."""
+        transport = self._transport
+        assert transport is not None
+        transport.writelines(out)
+
     def want_flush(self) -> None:
         """Run the scheduler soon (once per loop iteration however often asked)."""
         if not self._flush_pending and self._transport is not None:
@@ -731,6 +764,11 @@ class MuxProtocol(asyncio.Protocol):
         if core.failed:
             return
         while not self._write_paused:
+            if transport.is_closing():
+                # The socket failed (a dead peer: EPIPE, ECONNRESET) or is closing: its
+                # connection_lost is on its way. asyncio logs "socket.send() raised
+                # exception." for every write from the fifth on; the core ends anyway.
+                break
             out = core.data_to_send()
             if not out:
                 break
@@ -742,20 +780,14 @@ class MuxProtocol(asyncio.Protocol):
         if not self._write_paused:
             self._wake()
 
-    def credit_later(self, channel: ChannelTransport) -> None:
-        """``channel`` has consumed bytes to credit: its ``send_credit`` runs once the
-        loop's current callbacks are done, with every other channel's (one callback per
-        iteration for the session, not one per channel: 256 busy readers made 256)."""
-        credits = self._credits_due
-        credits.append(channel)
-        if len(credits) == 1:
-            self.loop.call_soon(self._send_credits)
+    def _report_soon(self) -> None:
+        """Inboxes have consumption to report (credit, budget): once the loop's current
+        callbacks are done, with every other channel's (one callback per loop turn for the
+        session, not one per read)."""
+        self.loop.call_soon(self._report)
 
-    def _send_credits(self) -> None:
-        credits, self._credits_due = self._credits_due, []
-        now = _clock()
-        for channel in credits:
-            channel.send_credit(now)
+    def _report(self) -> None:
+        self.core.report(_clock())
         self.process()
 
     def now(self) -> float:
@@ -833,6 +865,7 @@ class MuxProtocol(asyncio.Protocol):
                 # Half-close and let the peer close its side: closing at once while the
                 # peer still sends (credit updates) makes the kernel reset the connection,
                 # which can destroy data the peer has not read yet.
+                self.direct = False
                 if transport.can_write_eof():
                     try:
                         transport.write_eof()
@@ -944,7 +977,7 @@ class Session:
         protocol = ChannelStreamProtocol(reader, loop=mux.loop)
         channel = await mux.open_channel(name, protocol, reader)
         writer = asyncio.StreamWriter(channel, protocol, reader, mux.loop)
-        return reader, writer
+        return Channel(reader, writer)
 
     async def open_pair(self, name: str = "") -> StreamPair:
         """A bidirectional ``(reader, writer)`` on any format. On omnistreams, whose streams

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 from polymux._extras import require
 
@@ -35,13 +35,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from polymux._types import BytesLike, CaptureSink
 from polymux.aio._sockinfo import kernel_unsent, tcp_keepalive
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, SessionOptions
 from polymux.engine import Engine
+from polymux.engine.plane import Inbox
 from polymux.exceptions import ChannelClosedError, LimitExceeded, PolymuxError, SessionClosed
 from polymux.formats import Format, resolve
 from polymux.session import NoRoomToOpen, SessionCore
 from polymux.session.dispatch import Dispatcher
-from polymux.session.slicing import TURN, InputSlicer
+from polymux.session.slicing import DENSE_FLOOR, TURN, InputSlicer
 
 
 logger = logging.getLogger("polymux")
@@ -132,6 +133,13 @@ class ChannelStream(ByteStream):
 # -- a session over any anyio ByteStream -----------------------------------------------------
 
 
+def _wake_readers(woken: list[Inbox]) -> None:
+    """Wake the channels whose ``receive()`` waited for the data that just arrived."""
+    for inbox in woken:
+        inbox.owner.wakeup()
+    woken.clear()
+
+
 class AnyioChannel(ByteStream):
     """One channel of an :class:`AnyioSession`."""
 
@@ -141,7 +149,8 @@ class AnyioChannel(ByteStream):
         self._handle = handle
         self._name = name
         self._label = session.core.engine.describe(handle)
-        self._buffer = bytearray()
+        # What arrived: the data plane's inbox (polymux.engine.plane), read by receive().
+        self._inbox: Inbox | None = self._core.stream(handle, self)
         self._readable = anyio.Event()
         self._writable = anyio.Event()
         self._writable.set()
@@ -174,13 +183,17 @@ class AnyioChannel(ByteStream):
     # Called by the session (polymux.session.dispatch: the core's events).
 
     def data(self, data: BytesLike, more: tuple[BytesLike, ...], n: int) -> None:
-        """The session's hook: ``n`` bytes arrived (copied into the channel's buffer)."""
-        if self._closed:
+        """The session's hook: ``n`` bytes arrived as an event (before the channel's inbox
+        was attached: into it)."""
+        inbox = self._inbox
+        if self._closed or inbox is None:
             self._core.consumed(self._handle, n)  # dropped: keep the peer's credit flowing
             return
-        self._buffer += data
-        for part in more:
-            self._buffer += part
+        inbox.add(data, more, n)
+        self._readable.set()
+
+    def wakeup(self) -> None:
+        """The data plane's wake-up: data arrived while :meth:`receive` waited."""
         self._readable.set()
 
     def remote_end(self) -> None:
@@ -207,8 +220,8 @@ class AnyioChannel(ByteStream):
             self._error = error
         if error is None:
             self._eof = True  # a clean end: what arrived stays readable, then EndOfStream
-        if drop_unread:
-            self._buffer.clear()
+        if drop_unread and self._inbox is not None:
+            self._inbox.drop()
         self._readable.set()
         self._writable.set()
 
@@ -229,7 +242,8 @@ class AnyioChannel(ByteStream):
             raise anyio.ClosedResourceError
         if self._refuse_read is not None:
             raise _broken(ChannelClosedError(self._refuse_read))
-        while not self._buffer:
+        inbox = self._inbox
+        while inbox is None or not inbox.size:
             if self._closed:
                 raise anyio.ClosedResourceError
             if self._eof:  # the peer finished writing: that stands, whatever came after
@@ -237,19 +251,13 @@ class AnyioChannel(ByteStream):
             if self._error is not None:
                 raise _broken(self._error)
             self._readable = anyio.Event()
-            self._core.reader_waiting(self._handle)  # credit what is held (nothing): the peer may send
-            self._session._process()
+            if inbox is not None:
+                inbox.waits()
             await self._readable.wait()
-        buffer = self._buffer
-        if len(buffer) <= max_bytes:  # all of it: one copy, no slice
-            data = bytes(buffer)
-            buffer.clear()
-        else:
-            with memoryview(buffer) as view:
-                data = bytes(view[:max_bytes])
-            del buffer[:max_bytes]
-        self._core.consumed(self._handle, len(data), _clock())
-        self._session._process()
+        data = inbox.take(max_bytes)
+        if self._core.plane.reports:  # credit (and the budget) are due
+            self._core.report(_clock())
+            self._session._process()
         return data
 
     async def send(self, item: bytes) -> None:
@@ -292,10 +300,11 @@ class AnyioChannel(ByteStream):
             return
         self._closed = True
         self._sent_eof = True
-        self._buffer.clear()
         if not self._done:
-            self._core.close_channel(self._handle)
+            self._core.close_channel(self._handle)  # (drops what the inbox holds, credited)
             self._session._process()
+        elif self._inbox is not None:
+            self._inbox.drop()
         self._readable.set()
 
     async def reset(self, message: str | None = None) -> None:
@@ -386,6 +395,7 @@ class AnyioSession:
             _clock(),
             offer_filter=offer_filter,
             first_frame_deadline=not is_client if first_frame_deadline is None else first_frame_deadline,
+            is_client=is_client,
         )
         self._stream = stream
         self._channels: dict[int, AnyioChannel] = {}
@@ -413,6 +423,8 @@ class AnyioSession:
         self._in_flight = 0  # bytes of the batch the stream is sending
         self._sending = anyio.CancelScope()  # ... and the scope of that send
         self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
+        # Inboxes' consumption is reported by the writer task (or by receive() itself).
+        self.core.plane.on_report = lambda: self._output.set()
         self.error: BaseException | None = None
         """Why the session ended abnormally, if it did."""
 
@@ -761,6 +773,9 @@ class AnyioSession:
 
     async def _send_batches(self) -> None:
         core = self.core
+        if core.plane.reports:  # consumption the inboxes report (credit, the budget)
+            core.report(_clock())
+            self._process()
         while out := core.data_to_send():
             data = b"".join(out)
             if self._capture is not None:
@@ -833,9 +848,13 @@ class AnyioSession:
                 if slicer.holds(data, start):
                     await self._feed_sliced()
                 else:
-                    core.receive_data(data, _clock())
-                    self._process()
-                    slicer.worked(start, time.perf_counter() - start, len(data))
+                    if core.receive_data(data, _clock()):
+                        self._process()
+                    if core.runs.woken:
+                        _wake_readers(core.runs.woken)
+                    elapsed = time.perf_counter() - start
+                    if elapsed > DENSE_FLOOR:
+                        slicer.worked(start, elapsed, len(data))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._end(exc)
 
@@ -859,6 +878,8 @@ class AnyioSession:
             start = time.perf_counter()
             core.receive_data(piece, _clock())
             self._process()
+            if core.runs.woken:
+                _wake_readers(core.runs.woken)
             work += time.perf_counter() - start
             size += len(piece)
         slicer.worked(turn, work, size)
@@ -909,7 +930,7 @@ async def session(
     config: SessionConfig | None = None,
     offer_filter: Callable[[str], bool] | None = None,
     first_frame_deadline: bool | None = None,
-    **options: Any,
+    **options: Unpack[SessionOptions],
 ) -> AsyncIterator[AnyioSession]:
     """Run a polymux session over ``stream`` (any anyio ``ByteStream``) for the duration of
     the ``async with`` block; on either anyio backend.

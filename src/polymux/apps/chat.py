@@ -3,21 +3,52 @@ the server relays every message of a room to all its members.
 
 Records (:mod:`polymux.apps.records`, msgpack maps with a ``type``)::
 
-    client -> server   join {room, nick, history?}, say {text}, nick {nick}, leave {}
-    server -> client   welcome {room, nick, members}, msg {room, nick, text, seq, ts},
-                       joined {room, nick}, left {room, nick, reason},
-                       renamed {room, old, nick}, file {room, nick, name, size, seq, ts},
-                       dropped {count, notices}, error {message, refused?}
+    client -> server   join {room, nick, history?, since?, epoch?, token?},
+                       say {text, id?}, nick {nick}, typing {}, ping {}, leave {}
+    server -> client   welcome {room, nick, members, seq, epoch},
+                       msg {room, nick, text, seq, ts, id?}, joined {room, nick},
+                       left {room, nick, reason}, renamed {room, old, nick},
+                       file {room, nick, name, size, seq, ts}, typing {room, nick},
+                       catchup {room, missed, lost}, duplicate {room, id, seq}, pong {},
+                       dropped {count, notices}, error {message, refused?, closing?, replaced?}
 
-``join {history: N}`` asks for the room's last N messages (and ``file`` notices), sent
-right after the welcome with ``history: true``; clients that do not ask get none. Rooms
-keep their recent messages while empty (``history`` per room, ``history_bytes`` in all),
-so a page reloaded, or a client that reconnects, sees what was said. ``nick {nick}``
-renames a member (the room gets ``renamed``); a ``say`` that is blank or longer than
-``MAX_TEXT`` characters, and a nick that is taken or not a valid label, are refused with
+**Numbers.** Each room numbers its ``msg`` and ``file`` records 1, 2, 3 ... (``seq``), in
+the order the room got them; ``epoch`` (in the welcome) names the numbering: it changes
+when the server restarts, or when it forgot the room (``max_rooms`` rooms were active
+since). The welcome's ``seq`` is the room's last number when the member joined.
+
+**History.** ``join {history: N}`` asks for the room's last N messages (and ``file``
+notices), sent right after the welcome with ``history: true``; clients that do not ask get
+none. Rooms keep their recent messages while empty (``history`` per room,
+``history_bytes`` in all), so a page reloaded sees what was said.
+
+**Catching up.** A client that lost its connection joins again with ``since: S, epoch: E``,
+the last number it got and the welcome's epoch: after the welcome comes ``catchup {missed,
+lost}``, then the ``missed`` messages after S that the server still holds, in order, each
+with ``missed: true``. ``lost`` counts those after S it no longer holds (``null`` when the
+epoch changed: the server restarted, and cannot say how many there were). Every message
+thus reaches a member once: live, or in its catch-up, or counted as lost.
+
+**Exactly once.** ``say {id}``: an id the client chose (1 to 64 characters, unique per
+client: 16 random hex digits). A ``say`` whose id the room already has (a client that
+sent it just before its connection went, and sends it again after) is not relayed again:
+the sender gets ``duplicate {id, seq}`` (the number it has). The room's ``msg`` carries
+the id. The server remembers the last ``max_ids`` ids.
+
+**Coming back before the server noticed.** A join may carry ``token``, a secret the
+client chose (16 to 128 characters). A later join with the same nick and token replaces
+that member at once (a client back after a cut the server has not noticed yet); the old
+channel gets ``error {closing: true, replaced: true}`` and is closed, and the room is told
+nothing (the member never left).
+
+``nick {nick}`` renames a member (the room gets ``renamed``); ``typing {}`` tells the
+others ``typing {nick}`` (at most once a second per member; never queued behind a full
+queue); ``ping {}`` is answered with ``pong {}`` (a client that hears nothing for a while
+checks its connection). A ``say`` that is blank or longer than ``MAX_TEXT`` characters, or
+has a malformed id, and a nick that is taken or not a valid label, are refused with
 ``error {message, refused: "say" | "nick"}`` and the channel stays open; a record the
-server cannot use closes the channel after ``error {message, closing: true}``. ``left`` says
-why: ``left`` (a leave, or the client closed the channel or its connection),
+server cannot use closes the channel after ``error {message, closing: true}``. ``left``
+says why: ``left`` (a leave, or the client closed the channel or its connection),
 ``connection lost`` (cut), or the slow-member policy's reason.
 
 A slow client never stalls a room. Each member has its own bounded queue (``queue_size``
@@ -38,7 +69,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -51,6 +84,7 @@ from polymux.exceptions import PolymuxError, ProtocolError, SessionClosed
 
 
 __all__ = [
+    "MAX_ID",
     "MAX_LABEL",
     "MAX_TEXT",
     "POLICIES",
@@ -69,6 +103,15 @@ MAX_TEXT = 16 * 1024
 
 MAX_LABEL = 64
 """Longest room name or nick."""
+
+MAX_ID = 64
+"""Longest message id (characters)."""
+
+TOKEN_LENGTH = (16, 128)
+"""Shortest and longest join token (characters)."""
+
+TYPING_EVERY = 1.0
+"""Seconds between two ``typing`` notices relayed for one member (more are dropped)."""
 
 CHANNEL_PREFIX = "chat/"
 
@@ -89,26 +132,71 @@ def check_label(what: str, value: object) -> str:
     return value
 
 
-class History:
-    """The recent ``msg`` and ``file`` records of each room, bounded: at most ``per_room``
-    records per room and ``max_bytes`` over all rooms, counting each record's strings in
-    UTF-8 and 64 bytes more (the rooms whose last record is oldest lose their oldest
-    records first)."""
+def _count(record: dict[str, Any], name: str) -> int | None:
+    """``record[name]`` as a count (an int >= 0), None if absent; raises ``ValueError``."""
+    value = record.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a count of messages, got {value!r}")
+    return value
 
-    def __init__(self, per_room: int = 100, max_bytes: int = 4 << 20) -> None:
-        if per_room < 0 or max_bytes < 0:
-            raise ValueError(f"history bounds must be >= 0, got {per_room!r}, {max_bytes!r}")
+
+class History:
+    """The numbering and the recent ``msg`` and ``file`` records of each room, bounded.
+
+    Records: at most ``per_room`` per room and ``max_bytes`` over all rooms, counting each
+    record's strings in UTF-8 and 64 bytes more (the rooms whose last record is oldest lose
+    their oldest records first). Numbering: each room counts its records from 1 under an
+    *epoch*, a name unique to this History and this room's count; the counts of at most
+    ``max_rooms`` rooms are remembered (the least recently active room is forgotten first,
+    with its records), so a room that comes back after that starts a new epoch.
+    """
+
+    def __init__(self, per_room: int = 100, max_bytes: int = 4 << 20, max_rooms: int = 10_000) -> None:
+        if per_room < 0 or max_bytes < 0 or max_rooms < 1:
+            raise ValueError(
+                f"history bounds must be >= 0 (max_rooms >= 1), got {per_room!r}, {max_bytes!r}, {max_rooms!r}"
+            )
         self.per_room = per_room
         self.max_bytes = max_bytes
+        self.max_rooms = max_rooms
         self.bytes = 0
         """What the kept records weigh (their strings in UTF-8, plus 64 bytes each)."""
         self._rooms: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+        self._counts: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        """Room -> (epoch, last number), the most recently active room last."""
+        self._instance = secrets.token_hex(4)  # epochs of another History (a restart) differ
+        self._epochs = itertools.count(1)
 
     @staticmethod
     def _weight(record: dict[str, Any]) -> int:
         return 64 + sum(
             len(v.encode("utf-8", "surrogatepass")) for v in record.values() if isinstance(v, str)
         )
+
+    def position(self, room: str) -> tuple[str, int]:
+        """``(epoch, last number)`` of ``room`` (a room never numbered starts an epoch at 0)."""
+        count = self._counts.get(room)
+        if count is None:
+            count = self._counts[room] = (f"{self._instance}.{next(self._epochs)}", 0)
+            while len(self._counts) > self.max_rooms:
+                self.forget(next(iter(self._counts)))
+        else:
+            self._counts.move_to_end(room)
+        return count
+
+    def number(self, room: str) -> int:
+        """The next number of ``room`` (taken: each call gives the next)."""
+        epoch, last = self.position(room)
+        self._counts[room] = (epoch, last + 1)
+        return last + 1
+
+    def forget(self, room: str) -> None:
+        """Drop ``room``'s numbering and records (it starts a new epoch if it comes back)."""
+        self._counts.pop(room, None)
+        for record in self._rooms.pop(room, ()):
+            self.bytes -= self._weight(record)
 
     def add(self, room: str, record: dict[str, Any]) -> None:
         """Keep ``record`` as the newest of ``room``."""
@@ -134,6 +222,18 @@ class History:
             return []
         return list(kept)[-n:]
 
+    def since(self, room: str, epoch: object, after: int) -> tuple[list[dict[str, Any]], int | None]:
+        """What a member that got ``room``'s records up to number ``after`` of ``epoch``
+        missed: the records it still holds (oldest first), and how many more it no longer
+        holds (None when ``epoch`` is not the room's: their number is unknown)."""
+        current, last = self.position(room)
+        kept = list(self._rooms.get(room, ()))
+        if epoch != current:
+            return kept, None
+        after = min(after, last)
+        missed = [record for record in kept if record.get("seq", 0) > after]
+        return missed, last - after - len(missed)
+
 
 @dataclass(eq=False)
 class Member:
@@ -154,6 +254,10 @@ class Member:
     backlog: list[dict[str, Any]] = dc_field(default_factory=list)
     """Written before the queue: the welcome and the history the member asked for (not
     counted against the queue's bound)."""
+    token: str | None = None
+    """The join's token: a later join with the same nick and token replaces this member."""
+    typed: float = float("-inf")
+    """When a ``typing`` notice of this member was last relayed (``time.monotonic()``)."""
 
 
 class ChatServer:
@@ -161,8 +265,9 @@ class ChatServer:
 
     ``queue_size`` bounds each member's queue (records); ``policy`` is ``"disconnect"`` or
     ``"drop"`` (see the module docstring); ``log(line)`` gets one line per event;
-    ``history`` records kept per room for ``join {history: N}``, in at most
-    ``history_bytes`` over all rooms.
+    ``history`` records kept per room for ``join {history: N}`` and catching up, in at most
+    ``history_bytes`` over all rooms; ``max_rooms``: rooms whose numbering is remembered;
+    ``max_ids``: message ids remembered (over all rooms) to drop a message sent twice.
     """
 
     def __init__(
@@ -173,21 +278,29 @@ class ChatServer:
         log: Callable[[str], None] | None = None,
         history: int = 100,
         history_bytes: int = 4 << 20,
+        max_rooms: int = 10_000,
+        max_ids: int = 16_384,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size!r}")
+        if max_ids < 0:
+            raise ValueError(f"max_ids must be >= 0, got {max_ids!r}")
         self.queue_size = queue_size
         self.policy = policy
         self.log = log or (lambda line: print(line, flush=True))
         self.rooms: dict[str, dict[str, Member]] = {}
         """Room name -> nick -> member."""
-        self._seq = itertools.count(1)
         self.evicted = 0
         """Members removed by the ``disconnect`` policy."""
-        self.history = History(history, history_bytes)
-        """The recent messages of each room."""
+        self.history = History(history, history_bytes, max_rooms)
+        """The numbering and the recent messages of each room."""
+        self.max_ids = max_ids
+        self._ids: OrderedDict[tuple[str, str], int] = OrderedDict()
+        """(room, message id) -> its number, the newest last."""
+        self.duplicates = 0
+        """Messages dropped because their id was said already (a resend)."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one channel: a join, then messages until the member leaves."""
@@ -203,24 +316,42 @@ class ChatServer:
                     raise ValueError(f"expected a join record, got {join['type']!r}")
                 room = check_label("room", join.get("room"))
                 nick = check_label("nick", join.get("nick"))
-                if nick in self.rooms.get(room, {}):
+                token = join.get("token")
+                if token is not None and not (
+                    isinstance(token, str)
+                    and TOKEN_LENGTH[0] <= len(token) <= TOKEN_LENGTH[1]
+                    and token.isascii()
+                    and token.isprintable()
+                ):
+                    raise ValueError(
+                        f"token must be {TOKEN_LENGTH[0]} to {TOKEN_LENGTH[1]} printable ASCII characters"
+                    )
+                holder = self.rooms.get(room, {}).get(nick)
+                if holder is not None and not _same(holder.token, token):
                     raise ValueError(f"nick {nick!r} is taken in room {room!r}")
-                wanted = join.get("history", 0)
-                if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 0:
-                    raise ValueError(f"history must be a count of messages, got {wanted!r}")
+                wanted = _count(join, "history") or 0
+                since = _count(join, "since")
             except ValueError as exc:
                 self.log(f"refused: join from {peer}: {exc}")
                 write_record(writer, {"type": "error", "message": str(exc), "refused": "join"})
                 await writer.drain()
                 return
-            member = self._join(room, nick, peer, writer, wanted)
+            if holder is not None:
+                self._replace(holder, peer)
+            member = self._join(
+                room, nick, peer, writer, wanted, since, join.get("epoch"), token, quiet=holder is not None
+            )
             while (record := await read_record(reader)) is not None:
                 kind = record["type"]
                 if kind == "say":
-                    self._say(member, field(record, "text", str))
+                    self._say(member, field(record, "text", str), record.get("id"))
                     # Let the members' writers run before the next record: a burst read at
                     # once must not fill the queues of members that keep up.
                     await asyncio.sleep(0)
+                elif kind == "typing":
+                    self._typing(member)
+                elif kind == "ping":
+                    self._enqueue(member, {"type": "pong"})
                 elif kind == "nick":
                     self._rename(member, record.get("nick"))
                 elif kind == "leave":
@@ -252,7 +383,7 @@ class ChatServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    def _say(self, member: Member, text: str) -> None:
+    def _say(self, member: Member, text: str, message_id: object = None) -> None:
         if not text.strip():
             self._refuse(member, "say", "an empty message was not sent")
             return
@@ -261,16 +392,47 @@ class ChatServer:
                 member, "say", f"a message of {len(text):,} characters was not sent (at most {MAX_TEXT:,})"
             )
             return
-        record = {
+        if message_id is not None and not (isinstance(message_id, str) and 0 < len(message_id) <= MAX_ID):
+            self._refuse(
+                member, "say", f"a message id is a string of 1 to {MAX_ID} characters, got {message_id!r}"
+            )
+            return
+        if message_id is not None:
+            said = self._ids.get((member.room, message_id))
+            if said is not None:  # sent again after a lost connection: relayed once already
+                self.duplicates += 1
+                self._enqueue(
+                    member, {"type": "duplicate", "room": member.room, "id": message_id, "seq": said}
+                )
+                return
+        seq = self.history.number(member.room)
+        record: dict[str, Any] = {
             "type": "msg",
             "room": member.room,
             "nick": member.nick,
             "text": text,
-            "seq": next(self._seq),
+            "seq": seq,
             "ts": time.time(),
         }
+        if message_id is not None:
+            record["id"] = message_id
+            if self.max_ids:
+                self._ids[(member.room, message_id)] = seq
+                if len(self._ids) > self.max_ids:
+                    self._ids.popitem(last=False)
         self.history.add(member.room, record)
         self._broadcast(member.room, record)
+
+    def _typing(self, member: Member) -> None:
+        now = time.monotonic()
+        if now - member.typed < TYPING_EVERY:
+            return
+        member.typed = now
+        notice = {"type": "typing", "room": member.room, "nick": member.nick}
+        for other in list(self.rooms.get(member.room, {}).values()):
+            # Only to members with room to spare: a typing notice never costs anyone their seat.
+            if other is not member and not other.gone and other.queue.qsize() < self.queue_size // 2:
+                other.queue.put_nowait(notice)
 
     def _rename(self, member: Member, nick: object) -> None:
         members = self.rooms.get(member.room, {})
@@ -305,7 +467,7 @@ class ChatServer:
             "nick": nick,
             "name": name,
             "size": size,
-            "seq": next(self._seq),
+            "seq": self.history.number(room),
             "ts": time.time(),
         }
         self.history.add(room, record)
@@ -313,17 +475,63 @@ class ChatServer:
         return True
 
     def _join(
-        self, room: str, nick: str, peer: str, writer: asyncio.StreamWriter, history: int = 0
+        self,
+        room: str,
+        nick: str,
+        peer: str,
+        writer: asyncio.StreamWriter,
+        history: int = 0,
+        since: int | None = None,
+        epoch: object = None,
+        token: str | None = None,
+        *,
+        quiet: bool = False,
     ) -> Member:
+        """Add the member; ``quiet``: the room is not told (it replaces its own earlier
+        channel)."""
         members = self.rooms.setdefault(room, {})
-        member = Member(nick, room, peer, writer, asyncio.Queue(self.queue_size))
+        member = Member(nick, room, peer, writer, asyncio.Queue(self.queue_size), token=token)
         members[nick] = member
-        member.backlog.append({"type": "welcome", "room": room, "nick": nick, "members": sorted(members)})
-        member.backlog.extend({**record, "history": True} for record in self.history.recent(room, history))
+        current, last = self.history.position(room)
+        member.backlog.append(
+            {
+                "type": "welcome",
+                "room": room,
+                "nick": nick,
+                "members": sorted(members),
+                "seq": last,
+                "epoch": current,
+            }
+        )
+        if since is not None:
+            missed, lost = self.history.since(room, epoch, since)
+            member.backlog.append({"type": "catchup", "room": room, "missed": len(missed), "lost": lost})
+            member.backlog.extend({**record, "missed": True} for record in missed)
+        else:
+            member.backlog.extend(
+                {**record, "history": True} for record in self.history.recent(room, history)
+            )
         member.task = asyncio.get_running_loop().create_task(self._pump(member))
-        self._broadcast(room, {"type": "joined", "room": room, "nick": nick}, exclude=member)
-        self.log(f"join: {nick} in #{room} from {peer} ({len(members)} members)")
+        if not quiet:
+            self._broadcast(room, {"type": "joined", "room": room, "nick": nick}, exclude=member)
+        note = "" if since is None else f", catching up after {since}"
+        self.log(f"join: {nick} in #{room} from {peer} ({len(members)} members{note})")
         return member
+
+    def _replace(self, old: Member, peer: str) -> None:
+        """``old``'s client joined again (same nick and token) before its previous channel
+        was seen to end: that channel goes, quietly (the member never left the room)."""
+        old.gone = True
+        members = self.rooms.get(old.room, {})
+        if members.get(old.nick) is old:
+            del members[old.nick]
+        if old.task is not None:
+            old.task.cancel()
+        self.log(f"rejoin: {old.nick} in #{old.room} from {peer} (its channel from {old.peer} is closed)")
+        with contextlib.suppress(Exception):
+            message = f"you joined #{old.room} as {old.nick} again from another connection"
+            write_record(old.writer, {"type": "error", "message": message, "closing": True, "replaced": True})
+            old.writer.close()
 
     def _leave(self, member: Member, reason: str) -> None:
         if member.gone:
@@ -405,6 +613,12 @@ class ChatServer:
             pass
 
 
+def _same(held: str | None, offered: object) -> bool:
+    """Whether a join's token is the one the nick's holder joined with (compared in
+    constant time: the token is a secret)."""
+    return held is not None and isinstance(offered, str) and hmac.compare_digest(held, offered)
+
+
 def _peer(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     if isinstance(peer, tuple):
@@ -415,18 +629,30 @@ def _peer(writer: asyncio.StreamWriter) -> str:
 class ChatClient:
     """A chat client on one session (any format, omnistreams over WebSocket included: each
     room is a channel pair): :meth:`join` rooms, :meth:`say`, and :meth:`read` what the
-    server sends."""
+    server sends. It stays on its one session; :class:`polymux.apps.chatclient.ReconnectingChatClient`
+    comes back after a lost connection."""
 
     def __init__(self, session: Session, nick: str) -> None:
         self.session = session
         self.nick = check_label("nick", nick)
         self.channels: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
-    async def join(self, room: str, *, history: int = 0) -> dict[str, Any]:
+    async def join(
+        self,
+        room: str,
+        *,
+        history: int = 0,
+        since: int | None = None,
+        epoch: str | None = None,
+        token: str | None = None,
+    ) -> dict[str, Any]:
         """Join ``room`` (a new channel); return the welcome record. Raises
         ``ValueError`` with the server's message if it refuses. ``history``: how many of
         the room's recent messages to get (as ``msg`` records with ``history: true``,
-        read with :meth:`read` after the welcome)."""
+        read with :meth:`read` after the welcome). ``since`` and ``epoch``: catch up
+        after that number (a ``catchup`` record, then the missed records, each with
+        ``missed: true``). ``token``: a secret of this client, so that joining again
+        replaces the channel the server may still hold (see the module docstring)."""
         check_label("room", room)
         # A pair of streams on one-way formats (omnistreams): a room talks both ways.
         async with asyncio.timeout(self.session.config.handshake_timeout):
@@ -434,6 +660,11 @@ class ChatClient:
         join: dict[str, Any] = {"type": "join", "room": room, "nick": self.nick}
         if history:
             join["history"] = history
+        if since is not None:
+            join["since"] = since
+            join["epoch"] = epoch
+        if token is not None:
+            join["token"] = token
         write_record(writer, join)
         await writer.drain()
         welcome = await read_record(reader)
@@ -447,10 +678,20 @@ class ChatClient:
         self.channels[room] = (reader, writer)
         return welcome
 
-    async def say(self, room: str, text: str) -> None:
-        """Send a message to ``room`` (waits on the channel's flow control)."""
+    async def say(self, room: str, text: str, *, message_id: str | None = None) -> None:
+        """Send a message to ``room`` (waits on the channel's flow control); with
+        ``message_id``, the server relays it once however often it is sent."""
         _reader, writer = self.channels[room]
-        write_record(writer, {"type": "say", "text": text})
+        record = {"type": "say", "text": text}
+        if message_id is not None:
+            record["id"] = message_id
+        write_record(writer, record)
+        await writer.drain()
+
+    async def send(self, room: str, record: dict[str, Any]) -> None:
+        """Send any record on ``room``'s channel (``typing``, ``ping``)."""
+        _reader, writer = self.channels[room]
+        write_record(writer, record)
         await writer.drain()
 
     async def rename(self, room: str, nick: str) -> None:

@@ -15,7 +15,7 @@ import socket
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import polymux
 from polymux import formats
@@ -36,11 +36,13 @@ __all__ = [
     "MIN_WRITE_BUFFER",
     "SIZE_SYNTAX",
     "Address",
+    "Closable",
     "NoSession",
     "add_address_options",
     "add_liveness_options",
     "add_server_options",
     "add_session_options",
+    "check_session_options",
     "connect",
     "conversation_options",
     "diagnosing_capture",
@@ -320,14 +322,15 @@ def add_address_options(parser: argparse.ArgumentParser, *, required: bool = Tru
     group.add_argument("--unix", metavar="PATH", help="unix socket path")
 
 
-def add_session_options(parser: argparse.ArgumentParser) -> None:
-    """``--protocol``, ``--window``, ``--uvloop``."""
+def add_session_options(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--protocol`` (required, unless it has a ``default``), ``--window``, ``--uvloop``."""
     parser.add_argument(
         "--protocol",
-        required=True,
+        required=default is None,
+        default=default,
         choices=polymux.PROTOCOLS,
         metavar="PROTOCOL",
-        help=f"wire format: {', '.join(polymux.PROTOCOLS)}",
+        help=f"wire format: {', '.join(polymux.PROTOCOLS)}" + (f" (default {default})" if default else ""),
     )
     parser.add_argument(
         "--window",
@@ -344,6 +347,23 @@ def session_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "window", None) is not None:
         options["receive_window"] = args.window
     return options
+
+
+def check_session_options(protocol: str, options: dict[str, Any]) -> None:
+    """That ``options`` (SessionConfig fields) are valid, and mean something to
+    ``protocol`` (a setting it would ignore is refused: ``formats.resolve``).
+
+    Raises:
+        TypeError: an unknown option.
+        ValueError: a bad value, or one the format cannot honour (``--window`` below 256 KiB
+            on yamux, whose windows start there).
+    """
+    try:
+        formats.resolve(protocol, polymux.SessionConfig.from_options(**options))
+    except ValueError as exc:
+        if "receive_window" in str(exc) and "receive_window" in options:
+            raise ValueError(f"--window: {exc}") from None
+        raise
 
 
 def two_way(protocol: str) -> bool:
@@ -599,17 +619,30 @@ def listening_on(server: polymux.Server, address: Address) -> Address:
     return Address(host=address.host, port=server.port)
 
 
+class Closable(Protocol):
+    """What :func:`serve_until_stopped` stops: a server, a bridge, a forward's end."""
+
+    async def aclose(self) -> None:
+        """Stop gracefully (and wait)."""
+
+    def close(self) -> None:
+        """Stop at once."""
+
+
 async def serve_until_stopped(
-    server: polymux.Server | polymux.Bridge, logger: logging.Logger, grace: float = 15.0
+    server: Closable, logger: logging.Logger, grace: float = 15.0, ready: Callable[[], None] | None = None
 ) -> None:
     """Serve until Ctrl-C or SIGTERM, then close ``server`` gracefully (its sessions flush
     what they queued), cutting it after ``grace`` seconds (``polymux serve``, ``polymux
-    bridge``)."""
+    bridge``, ``polymux forward``). ``ready()`` runs once the signals are caught (a line
+    that tells scripts they may signal)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if ready is not None:
+            ready()
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,12 +13,32 @@ import sys
 from collections.abc import Sequence
 
 from polymux._extras import missing_extra
+from polymux._version import __version__
 from polymux.apps.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS
 
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = ("demo", "serve", "connect", "bridge", "decode", "bench", "analyze")
+_SUBCOMMANDS = (
+    "webchat",
+    "chat",
+    "send",
+    "receive",
+    "demo",
+    "serve",
+    "connect",
+    "bridge",
+    "forward",
+    "decode",
+    "bench",
+    "analyze",
+)
+
+
+def _version() -> str:
+    from polymux import _speedups
+
+    return f"polymux {__version__}, data plane: {_speedups.path()}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Many byte channels over one connection, in real multiplexing formats.",
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action="version",
+        version=_version(),
+        help="print polymux's version and the path its data plane runs on, and exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:

@@ -12,7 +12,10 @@ missing extra (the message says what to install), exit 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import sys
+from pathlib import Path
 
 from polymux.apps.common import EXIT_FAILED, EXIT_OK, EXIT_STATUS
 
@@ -56,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
         protocol = parse_protocols(args.protocol)
     except ValueError as exc:
         args.parser.error(str(exc))
+    # The spark extra, checked before anything runs or is created (a missing one left an
+    # empty --out folder behind); dpkt is needed by pcap inputs only, found as they are read.
+    missing = [m for m in ("pyspark", "pyarrow", "pandas") if importlib.util.find_spec(m) is None]
+    if missing:
+        return _missing(missing[0])
+    out = Path(args.out)
+    existed = out.exists()
     try:
         from polymux.pipeline import analyze
 
@@ -65,13 +75,10 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in _EXTRAS:
             raise
-        print(
-            f"polymux analyze: this needs {exc.name.split('.')[0]}, which is not installed: "
-            "pip install 'polymux[spark,pcap]'",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+        _forget(out, existed)
+        return _missing(exc.name.split(".")[0])
     except ValueError as exc:  # inputs that match no capture file, or cannot be read
+        _forget(out, existed)
         print(f"polymux analyze: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(
@@ -79,6 +86,21 @@ def run(args: argparse.Namespace) -> int:
         f"{summary.violations} violations -> {summary.out / 'index.html'}"
     )
     return EXIT_OK
+
+
+def _missing(module: str) -> int:
+    print(
+        f"polymux analyze: this needs {module}, which is not installed: pip install 'polymux[spark,pcap]'",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
+def _forget(out: Path, existed: bool) -> None:
+    """A run that failed leaves no --out folder it created and left empty."""
+    if not existed:
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if empty: a report already written stays
 
 
 # The third-party packages of the spark and pcap extras (a missing one is an install problem).

@@ -16,7 +16,10 @@ from pathlib import Path
 from polymux.apps.common import EXIT_FAILED, EXIT_STATUS, size_type
 
 
-__all__ = ["find_suite", "register", "run", "suite_command"]
+__all__ = ["REPOSITORY", "find_suite", "register", "run", "suite_command"]
+
+REPOSITORY = "https://github.com/polymux/polymux"
+"""The repository to clone for the suite (the project's links in ``pyproject.toml``)."""
 
 
 def find_suite(start: Path | None = None) -> Path | None:
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if root is None:
         print(
             "polymux bench: cannot find the benchmark suite (benchmarks/__main__.py): run it from a "
-            "polymux source checkout (git clone ...; cd polymux; polymux bench)",
+            f"polymux source checkout (git clone {REPOSITORY}; cd polymux; polymux bench)",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -41,6 +41,7 @@ from polymux.apps.common import (
     MIN_WRITE_BUFFER,
     add_liveness_options,
     add_server_options,
+    check_session_options,
     format_bytes,
     liveness_options,
     run as run_loop,
@@ -164,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
                 f"LISTEN {args.listen!r}: the bridge listens on ws:// only (put a TLS proxy in front)"
             )
         options = _options(args)
-        polymux.SessionConfig.from_options(**options)
+        for endpoint in (listen, connect):
+            check_session_options(endpoint.protocol, options)
         if args.max_connections <= 0:
             raise ValueError(f"--max-connections must be positive, got {args.max_connections}")
     except (ValueError, TypeError) as exc:

@@ -37,6 +37,7 @@ from polymux.apps.common import (
     NoSession,
     add_address_options,
     add_session_options,
+    check_session_options,
     connect,
     format_bytes,
     parse_address,
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         address = parse_address(args.tcp, args.unix)
         options = session_options(args)
-        polymux.SessionConfig.from_options(**options)
+        check_session_options(args.protocol, options)
         if args.channels < 1:
             raise ValueError(f"--channels must be >= 1, got {args.channels}")
         if args.timeout <= 0:

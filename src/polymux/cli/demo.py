@@ -1,6 +1,6 @@
 """polymux demo: a real multi-channel file transfer on loopback. It writes a set of files
 of random data to a temporary directory, starts an embedded file server (the receiver of
-polymux.apps.filetransfer, the same code as examples/filetransfer/receive.py) on
+polymux.apps.filetransfer, the same code as polymux receive) on
 127.0.0.1, connects to it over one connection, and sends the files in parallel, one
 channel per file, with progress bars (plain progress lines without a terminal). Every
 file is SHA-256 verified end to end, then compared on disk; the summary gives the

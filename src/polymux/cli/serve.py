@@ -32,6 +32,7 @@ from polymux.apps.common import (
     add_liveness_options,
     add_server_options,
     add_session_options,
+    check_session_options,
     diagnosing_capture,
     format_bytes,
     listen,
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_session_memory is not None:
             options["max_session_memory"] = args.max_session_memory
         options.update(liveness_options(args))
-        polymux.SessionConfig.from_options(**options)
+        check_session_options(args.protocol, options)
         if args.max_connections <= 0:
             raise ValueError(f"--max-connections must be positive, got {args.max_connections}")
     except (ValueError, TypeError) as exc:

@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from polymux._types import BytesLike
 from polymux.engine.channel import IGNORE, ChannelRecord, ChannelState, Input, Transitions
-from polymux.engine.events import ChannelClosed, ChannelEnded, DataReceived, Event
+from polymux.engine.events import ChannelClosed, ChannelEnded, Event
 from polymux.engine.flow import ReceiveWindow, SendCredit
+from polymux.engine.plane import NO_CREDIT_STEP, DataRuns
 from polymux.engine.spec import Capabilities
 from polymux.exceptions import FlowControlError, PolymuxError, ProtocolError
 
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
+
+    from polymux.engine.plane import Inbox
 
     R = TypeVar("R", bound=ChannelRecord, default=Any)
 else:  # typing.TypeVar takes a default from Python 3.13 on; only the type checker needs it
@@ -38,47 +41,12 @@ else:  # typing.TypeVar takes a default from Python 3.13 on; only the type check
 """The record type of an engine's channels: a format's own :class:`ChannelRecord` subclass
 (a bare ``Engine``, as the layers above use it, is an engine of any format)."""
 
-__all__ = ["DataRuns", "Engine", "run_size"]
+__all__ = ["DataRuns", "Engine", "run_size"]  # DataRuns: polymux.engine.plane's, for the formats
 
 
 def run_size(data: BytesLike, more: tuple[BytesLike, ...]) -> int:
     """Bytes in ``data`` followed by ``more`` (``send_data``'s parts)."""
     return len(data) + sum(map(len, more)) if more else len(data)
-
-
-class DataRuns:
-    """Collects consecutive data frames of one channel into one ``DataReceived`` (so the
-    I/O layer wakes a reader once per read, not once per frame). Shared by every engine.
-
-    Call :meth:`add` per data frame and :meth:`flush` before any other event is appended
-    (and at the end), so events keep the wire's order.
-    """
-
-    __slots__ = ("chunks", "events", "length", "record")
-
-    def __init__(self, events: list[Event]) -> None:
-        self.events = events
-        self.record: ChannelRecord | None = None
-        self.chunks: list[BytesLike] = []
-        self.length = 0
-
-    def add(self, record: ChannelRecord, payload: BytesLike, n: int) -> None:
-        """Append ``n`` bytes of ``record``'s data."""
-        if record is self.record:
-            self.chunks.append(payload)
-            self.length += n
-            return
-        if self.record is not None:
-            self.flush()
-        self.record, self.chunks, self.length = record, [payload], n
-
-    def flush(self) -> None:
-        """Emit the pending run, if any."""
-        record = self.record
-        if record is not None:
-            chunks = self.chunks
-            self.events.append(DataReceived(record.handle, chunks[0], self.length, tuple(chunks[1:])))
-            self.record = None
 
 
 class Engine(ABC, Generic[R]):
@@ -124,6 +92,9 @@ class Engine(ABC, Generic[R]):
     has_controls: bool
     """True when the format carries session-level control messages (:meth:`send_control`,
     a ``ControlReceived`` event): ``caps.controls``."""
+    credit_estimated: bool = False
+    """True when :meth:`credit_step` is an estimate, not a bound (omnistreams counts
+    messages): a reader that waits reports what it consumed, so no credit waits for more."""
     message_mode: bool = False
     """True when the engine takes whole messages from a transport that keeps message
     boundaries (omnistreams over WebSocket) instead of a byte stream."""
@@ -157,6 +128,9 @@ class Engine(ABC, Generic[R]):
         self._next_handle = 1
         self.closed = False
         """True once the engine raised a protocol error or was closed."""
+        self.runs = DataRuns()
+        """The receiving half of the data plane (:mod:`polymux.engine.plane`): data frames
+        into their channels' inboxes, or into events."""
 
     # -- outbound bytes ----------------------------------------------------------------------
 
@@ -323,17 +297,16 @@ class Engine(ABC, Generic[R]):
         """
         if self.closed:
             raise self._error("received data after the session ended")
-        runs = DataRuns([])
+        runs = self.runs
         try:
             self._receive(data, runs)
-            runs.flush()
         except ProtocolError as exc:
             self.closed = True
             failure = self._failed(exc)
             if failure is exc:
                 raise
             raise failure from None
-        return runs.events
+        return runs.take_events()
 
     @abstractmethod
     def _receive(self, data: bytes, runs: DataRuns) -> None:
@@ -404,7 +377,9 @@ class Engine(ABC, Generic[R]):
 
     def _writable(self, channel: int) -> R:
         """The record of a channel we may send on; a local bug otherwise."""
-        record = self._record(channel)
+        record = self._channels.get(channel)
+        if record is None:
+            record = self._record(channel)  # raises, naming the channel
         if record.state not in self._tables[record.local_origin].sending:
             self._step(record, Input.SEND)  # raises the table's refusal
         return record
@@ -504,6 +479,27 @@ class Engine(ABC, Generic[R]):
             return None
         credit = record.recv.consumed(n)
         return (record, credit) if credit else None
+
+    def attach_inbox(self, channel: int, inbox: Inbox | None) -> bool:
+        """Deliver ``channel``'s data frames straight into ``inbox`` (None: as events
+        again). False when the engine no longer tracks the channel."""
+        record = self._channels.get(channel)
+        if record is None:
+            return False
+        record.inbox = inbox
+        return True
+
+    def credit_step(self, channel: int) -> int:
+        """Bytes the application may consume on ``channel`` before credit is due to the
+        peer (an inbox reports its consumption then: :mod:`polymux.engine.plane`); at
+        least 1. Formats without credit: :data:`~polymux.engine.plane.NO_CREDIT_STEP`."""
+        record = self._channels.get(channel)
+        if record is None:
+            return 1
+        recv = record.recv
+        if recv is None:
+            return NO_CREDIT_STEP
+        return max(1, recv.threshold - recv.pending)
 
     def receive_eof(self) -> None:
         """The peer closed its side of the connection. Raises

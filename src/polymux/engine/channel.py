@@ -24,10 +24,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Literal, Self
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 from polymux.engine.flow import ReceiveWindow, SendCredit
 from polymux.exceptions import ProtocolError
+
+
+if TYPE_CHECKING:
+    from polymux.engine.plane import Inbox
 
 
 __all__ = [
@@ -249,6 +253,9 @@ class ChannelRecord:
     full_header: tuple[int, bytes] | None = None
     """``(size, header)`` of a data frame of the engine's full frame size on this channel
     (bulk writes send it again and again: encoded once, kept by ``Engine._queue_frames``)."""
+    inbox: Inbox | None = None
+    """Where the channel's data frames go (its reader is a stream: the session core
+    attaches it); None: they become ``DataReceived`` events."""
 
     @property
     def local_end(self) -> bool:

@@ -248,12 +248,13 @@ class MessageWindow(ReceiveWindow):
     application consumes *bytes*, and a message counts as consumed once all its bytes are.
     Credit goes back in batches of ``threshold`` messages."""
 
-    __slots__ = ("_sizes", "_spare")
+    __slots__ = ("_last", "_sizes", "_spare")
 
     def __init__(self, window: int, threshold: int) -> None:
         super().__init__(window, threshold)
         self._sizes: deque[int] = deque()
         self._spare = 0  # consumed bytes of the oldest, partly consumed message
+        self._last = 1  # the size of the latest non-empty message
 
     def received_message(self, size: int) -> bool:
         """A message of ``size`` payload bytes arrived. Returns False when it overruns the
@@ -264,7 +265,23 @@ class MessageWindow(ReceiveWindow):
             self.pending += 1
         else:
             self._sizes.append(size)
+            self._last = size
         return True
+
+    def bytes_until_due(self) -> int:
+        """About how many bytes to consume before :meth:`consumed_bytes` returns credit (at
+        least 1): those of the oldest messages held that complete the batch, and for the
+        messages not here yet, the size of the latest one each (messages of one stream are
+        mostly of one size). An estimate: a reader that stops short of it reports what it
+        consumed when it waits (``Engine.credit_estimated``)."""
+        need = self.threshold - self.pending
+        total = -self._spare
+        for size in self._sizes:
+            if need <= 0:
+                break
+            total += size
+            need -= 1
+        return max(1, total + max(0, need) * self._last)
 
     def consumed_bytes(self, n: int) -> int:
         """The application consumed ``n`` bytes. Returns the messages to credit now (0: none yet)."""

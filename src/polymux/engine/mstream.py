@@ -20,7 +20,7 @@ Rules this module follows (from the reference implementation, see PROTOCOL-NOTES
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,9 @@ class MStreamRecord(ChannelRecord):
 
     stopped_reading: bool = False
     """The peer sent ContentReadingCompleted: it reads no more, so we send no more."""
+    content: bytes | None = None
+    """What precedes the payload's length in every Content frame of this channel (v2/v3:
+    the array, the code, the channel id and its source), encoded once."""
 
 
 _CODE_NAMES: dict[int, str] = {
@@ -373,7 +376,9 @@ class MStreamEngine(Engine[MStreamRecord]):
         return super().send_credit(channel)
 
     def _writable(self, channel: int) -> MStreamRecord:
-        record = super()._writable(channel)
+        record = self._channels.get(channel)
+        if record is None or record.state not in self._tables[record.local_origin].sending:
+            record = super()._writable(channel)  # raises the table's refusal
         if record.stopped_reading:
             raise RuntimeError(
                 f"{self.format}: cannot send on {record.describe()} in state {record.state.value} "
@@ -385,10 +390,26 @@ class MStreamEngine(Engine[MStreamRecord]):
         """Queue Content frames for ``data`` (within the credit), split at
         :attr:`max_frame` bytes. Payloads are views of ``data``, not copies."""
         record = self._writable(channel)
-        total = run_size(data, more)
+        total = run_size(data, more) if more else len(data)
         record.send.consume(total)
         if total:
-            self._queue_frames(record, data, more, total, lambda size: self._header(C.CONTENT, record, size))
+            self._queue_frames(record, data, more, total, self._content_header(record))
+
+    def _content_header(self, record: MStreamRecord) -> Callable[[int], bytes]:
+        """The header of a Content frame of ``size`` bytes on ``record``, as a function (the
+        part before the length encoded once per channel)."""
+        if self.version == 1:
+            return lambda size: self._header(C.CONTENT, record, size)
+        prefix = record.content
+        if prefix is None:
+            prefix = record.content = wire.content_prefix(
+                self.version,
+                record.wire_id,
+                wire.ChannelSource.LOCAL if record.local_origin else wire.ChannelSource.REMOTE,
+            )
+        return lambda size: (
+            prefix + (bytes((0xC4, size)) if size <= 0xFF else b"\xc5" + size.to_bytes(2, "big"))
+        )
 
     def _send_end(self, record: MStreamRecord) -> None:
         """Ending our writing: ContentWritingCompleted."""

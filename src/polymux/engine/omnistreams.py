@@ -59,6 +59,7 @@ from polymux.engine.events import (
     Event,
 )
 from polymux.engine.flow import MessageCredit, MessageWindow, budget_window, message_window, split_count
+from polymux.engine.plane import NO_CREDIT_STEP
 from polymux.engine.spec import Capabilities
 from polymux.exceptions import FlowControlError, ProtocolError
 from polymux.wire import omnistreams as wire
@@ -481,6 +482,18 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
             return
         kind = Kind.CANCEL_RECEIVE if self._codes[Kind.CANCEL_RECEIVE] is not None else Kind.END
         self._emit(kind, record.wire_id)
+
+    credit_estimated = True
+
+    def credit_step(self, channel: int) -> int:
+        """In bytes, estimated from the messages held (see
+        :meth:`~polymux.engine.flow.MessageWindow.bytes_until_due`)."""
+        record = self._channels.get(channel)
+        if record is None or record.local_origin:
+            return NO_CREDIT_STEP
+        recv = record.recv
+        assert isinstance(recv, MessageWindow)
+        return recv.bytes_until_due()
 
     def ack_consumed(self, channel: int, n: int) -> None:
         """The application consumed ``n`` bytes of a stream we read: request more messages

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from polymux.config import SessionConfig
+from polymux.config import SessionConfig, suggest
 from polymux.engine.spec import Capabilities, FormatOptions, NoOptions
 from polymux.formats.signature import Signature
 from polymux.formats.walk import Walk, WalkHost
@@ -84,8 +84,14 @@ class Format:
     docs: FormatDocs = _NO_DOCS
     """What the docs tables say of it."""
     legacy: Callable[[Format, SessionConfig], Format] | None = None
-    """Maps a configuration's compatibility keyword that names another format onto that
-    format (``omnistreams_numbering="legacy"``: ``omnistreams-legacy``)."""
+    """Applies what a configuration's general fields mean to this format, or refuses what it
+    cannot honour (``ValueError``): a compatibility keyword that names another format
+    (``omnistreams_numbering="legacy"``: ``omnistreams-legacy``), yamux's
+    ``receive_window`` (its streams' windows are its own)."""
+    versions: tuple[str, ...] = ()
+    """The other versions of this protocol polymux speaks (``smux``: ``smux-v2``): a peer
+    configured with one of them may close the connection without a word, so the diagnosis
+    of a peer that did (:func:`polymux.tracing.diagnose`) names them."""
 
     def make_engine(
         self, config: SessionConfig | None = None, *, is_client: bool = True, message_mode: bool = False
@@ -110,5 +116,7 @@ class Format:
         unknown = sorted(set(options) - known)
         if unknown:
             have = ", ".join(sorted(known)) or "none"
-            raise TypeError(f"{self.name} has no option {', '.join(unknown)} (its options: {have})")
+            raise TypeError(
+                f"{self.name} has no option {', '.join(unknown)}{suggest(unknown[0], known)} (its options: {have})"
+            )
         return dataclasses.replace(self, options=dataclasses.replace(self.options, **options))

@@ -482,6 +482,7 @@ MSTREAM_V1: Format = Format(
         names="offers are named",
         limits=f"{_FRAME}; starts with a handshake",
     ),
+    versions=("mstream-v2", "mstream-v3"),
 )
 """MultiplexingStream v1: no flow control."""
 
@@ -500,6 +501,7 @@ MSTREAM_V2: Format = Format(
         names="offers are named",
         limits=f"{_FRAME}; starts with a handshake",
     ),
+    versions=("mstream-v1", "mstream-v3"),
 )
 """MultiplexingStream v2: a byte window per channel."""
 
@@ -518,6 +520,7 @@ MSTREAM_V3: Format = Format(
         names="offers are named",
         limits=f"{_FRAME}; seeded channels are not supported",
     ),
+    versions=("mstream-v1", "mstream-v2"),
 )
 """MultiplexingStream v3: v2 without the handshake, channel ids scoped by their source."""
 

@@ -245,6 +245,7 @@ OMNISTREAMS: Format = Format(
         limits="256 streams at once per direction (one-byte ids); messages up to 1 MiB + 2 (`max_message_size`)",
     ),
     legacy=_numbering,
+    versions=("omnistreams-legacy",),
 )
 """omnistreams, numbered as its specification says."""
 
@@ -265,6 +266,7 @@ OMNISTREAMS_LEGACY: Format = Format(
         limits="as omnistreams; a sender's cancel goes out as END",
     ),
     legacy=_numbering,
+    versions=("omnistreams",),
 )
 """omnistreams as npm ``omnistreams`` 0.9.0 and its Go and Rust ports number it."""
 

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, overload
 
-from polymux.config import SessionConfig
+from polymux.config import COMPATIBILITY_FIELDS, SessionConfig
 from polymux.engine.base import Engine
 from polymux.formats.format import Format
 
@@ -192,10 +192,28 @@ def resolve(protocol: str | Format, config: SessionConfig | None = None) -> Form
     fmt = protocol if isinstance(protocol, Format) else get(protocol)
     if config is None:
         return fmt
+    _refuse_what_it_ignores(fmt, config)
     if fmt.legacy is not None:
         fmt = fmt.legacy(fmt, config)
     options = fmt.options.merged(config)
     return fmt if options is fmt.options else dataclasses.replace(fmt, options=options)
+
+
+def _refuse_what_it_ignores(fmt: Format, config: SessionConfig) -> None:
+    """A setting ``fmt`` would ignore is refused, naming whose it is: another format's own
+    option set through its compatibility keyword (``max_receive_window`` on mplex). (What
+    a format does with the general fields is its :attr:`Format.legacy` hook's.)"""
+    own = fmt.options.legacy
+    stray = [k for k in COMPATIBILITY_FIELDS if k not in own and getattr(config, k) is not None]
+    if not stray:
+        return  # the usual case: no other format is loaded to find out
+    for other in FORMATS:
+        option = other.options.legacy.get(stray[0])
+        if option is not None:
+            raise ValueError(
+                f"{stray[0]} is an option of {other.name} ({type(other.options).__name__}.{option}): "
+                f"{fmt.name} has no such setting; leave it out for {fmt.name}"
+            )
 
 
 def make_engine(

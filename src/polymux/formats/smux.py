@@ -117,6 +117,7 @@ SMUX: Format = Format(
         pings="NOP keepalive only (nothing answers it, so no round-trip time)",
         limits="frames up to 65,535 bytes; both ends must be configured with the same version",
     ),
+    versions=("smux-v2",),
 )
 """smux protocol version 1 (xtaci's default): no flow control on the wire."""
 
@@ -139,6 +140,7 @@ SMUX_V2: Format = Format(
         limits="frames up to 65,535 bytes; in flight at most half of the peer's session buffer "
         "(`SmuxOptions.peer_buffer`)",
     ),
+    versions=("smux",),
 )
 """smux protocol version 2: a byte window per stream (UPD)."""
 

@@ -6,6 +6,7 @@ The codec is :mod:`polymux.wire.yamux`, the engine :class:`polymux.engine.yamux.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from polymux.config import SessionConfig
@@ -269,6 +270,34 @@ def _fits(probe: Probe) -> list[Fit]:
 # -- the format ------------------------------------------------------------------------------
 
 
+_DEFAULT_WINDOW = SessionConfig().receive_window
+
+
+def _receive_window(fmt: Format, config: SessionConfig) -> Format:
+    """``receive_window`` on yamux: a stream's window starts at the 256 KiB the format fixes
+    and grows while its reader keeps up, so a ``receive_window`` of 256 KiB or more is
+    applied as the most it grows to (:attr:`YamuxOptions.max_receive_window`, unless that
+    is set), and a smaller one, which the format cannot honour, is refused."""
+    window = config.receive_window
+    if window == _DEFAULT_WINDOW:
+        return fmt
+    if window < wire.INITIAL_WINDOW:
+        raise ValueError(
+            f"yamux cannot honour receive_window={window}: a yamux stream's window starts at the "
+            f"{wire.INITIAL_WINDOW // 1024} KiB the format fixes (the peer may always send that much "
+            "unread); a receive_window of 256 KiB or more caps how far it grows, as "
+            "YamuxOptions.max_receive_window does (polymux.formats.get('yamux').configure(max_receive_window=...))"
+        )
+    options = fmt.options
+    assert isinstance(options, YamuxOptions)
+    if (
+        config.max_receive_window is not None
+        or options.max_receive_window != YamuxOptions().max_receive_window
+    ):
+        return fmt  # set explicitly: that wins
+    return dataclasses.replace(fmt, options=dataclasses.replace(options, max_receive_window=window))
+
+
 def _engine(fmt: Format, config: SessionConfig, is_client: bool, message_mode: bool) -> Engine:
     assert isinstance(fmt.options, YamuxOptions)
     return YamuxEngine(config, is_client=is_client, options=fmt.options)
@@ -291,5 +320,6 @@ YAMUX: Format = Format(
         pings="pings measure the round trip",
         limits="32-bit stream ids; at most `max_unacked_opens` opens awaiting the peer's acknowledgement",
     ),
+    legacy=_receive_window,
 )
 """yamux."""

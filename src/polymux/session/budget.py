@@ -118,7 +118,7 @@ class PressureListener(Protocol):
 class Pressure:
     """Whether the core reads from the peer, and whether the socket takes our bytes."""
 
-    __slots__ = ("bits", "listener", "pausers", "recheck", "socket_unsent", "write_paused")
+    __slots__ = ("bits", "listener", "on_change", "pausers", "recheck", "socket_unsent", "write_paused")
 
     def __init__(self) -> None:
         self.recheck: Callable[[], None] | None = None
@@ -133,6 +133,8 @@ class Pressure:
         self.socket_unsent = 0
         """What the driver last told of the socket's unsent bytes."""
         self.listener: PressureListener | None = None
+        self.on_change: Callable[[bool], None] | None = None
+        """Called with True when reading pauses (for any reason), False when it resumes."""
 
     def block(self, reason: int, on: bool) -> None:
         """Pause reading for ``reason`` (``on``), or lift that reason."""
@@ -143,6 +145,8 @@ class Pressure:
         self.bits = after
         listener = self.listener
         assert listener is not None
+        if (not after or not before) and self.on_change is not None:
+            self.on_change(bool(after))
         if after and not before:
             listener.reading_stopped()
         if on and reason & STALLED:
@@ -405,8 +409,12 @@ class Budget:
     def finished(self, channel: CoreChannel) -> None:
         """``channel`` left the table: its bytes stop counting."""
         self.dropped(channel)
-        if channel.unconsumed:
-            self.consumed(channel.unconsumed)
-            channel.unconsumed = 0
+        inbox = channel.inbox
+        n = inbox.unconsumed + inbox.pending
+        if n:
+            # What the reader still holds stays readable, no longer counted (nor credited:
+            # the channel is over).
+            inbox.unconsumed = inbox.pending = 0
+            self.consumed(n)
         if channel.held:
             self.held_writers.discard(channel)

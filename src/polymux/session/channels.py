@@ -27,6 +27,7 @@ from enum import Enum, IntEnum
 from typing import Self
 
 from polymux._types import BytesLike
+from polymux.engine.plane import Inbox, Plane
 
 
 __all__ = ["RECEIVING", "SENDING", "ChannelTable", "CoreChannel", "Receiving", "Sending", "Step", "Timer"]
@@ -168,6 +169,10 @@ NO_QUEUE: deque[BytesLike] = deque()
 costs ~600 bytes, and a session may hold 100,000 idle channels)."""
 
 
+_NO_PLANE = Plane()
+"""The plane of channels made without a session's (tests of the tables alone)."""
+
+
 class CoreChannel:
     """What the core knows about one channel (the driver keeps the reader side)."""
 
@@ -178,22 +183,33 @@ class CoreChannel:
         "held",
         "high",
         "holding",
+        "inbox",
         "label",
         "local",
         "low",
         "name",
         "paused",
+        "progress",
         "queued",
         "reading_paused",
         "receiving",
         "sending",
         "slow",
         "slow_since",
-        "unconsumed",
+        "streamed",
     )
 
     def __init__(
-        self, handle: int, name: str, label: str, local: bool, high: int, low: int, *, accepted: bool
+        self,
+        handle: int,
+        name: str,
+        label: str,
+        local: bool,
+        high: int,
+        low: int,
+        *,
+        accepted: bool,
+        inbox: Inbox | None = None,
     ) -> None:
         self.handle = handle
         self.name = name
@@ -206,13 +222,16 @@ class CoreChannel:
         self.buf: deque[BytesLike] = NO_QUEUE
         self.buffered = 0  # written by the application, not yet handed to the engine
         self.queued = False  # in the scheduler's ready queue
+        self.progress = 0  # bytes handed to the engine since the close timer was last armed
         self.high = high  # the writer's high-water mark (drain() blocks above it) ...
         self.low = low  # ... and its low-water mark (drain() resumes at it)
         self.paused = False  # the writer's drain() blocks
         self.held = False  # paused by the session's unsent budget (Budget.held_writers)
         # The memory budget.
         self.holding = False  # the format holds its unsent bytes back (Engine.may_hold)
-        self.unconsumed = 0  # received, not yet consumed by the application
+        # What arrived for the application (received, not yet consumed: inbox.unconsumed).
+        self.inbox = inbox if inbox is not None else Inbox(_NO_PLANE, handle)
+        self.streamed = False  # its data goes straight into the inbox (a stream reader)
         # Reading (the slow-reader policy, plain protocols' pause_reading()).
         self.reading_paused = False
         self.slow = False  # holding the connection (slow-reader policy)
@@ -220,6 +239,11 @@ class CoreChannel:
 
     def __repr__(self) -> str:
         return f"<CoreChannel {self.label} {self.sending.value}/{self.receiving.value}>"
+
+    @property
+    def unconsumed(self) -> int:
+        """Bytes received for the application and not yet consumed (its inbox's count)."""
+        return self.inbox.unconsumed
 
     def step(self, step: Step) -> None:
         """Move the channel along its tables (rule 1)."""

@@ -41,6 +41,7 @@ from typing import Any
 from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine import Engine
+from polymux.engine.plane import NO_CREDIT_STEP, Inbox, Plane
 from polymux.exceptions import (
     ChannelClosedError,
     LimitExceeded,
@@ -52,6 +53,7 @@ from polymux.session import events as ce
 from polymux.session.budget import BACKLOG, Budget, Pressure
 from polymux.session.channels import NO_QUEUE, ChannelTable, CoreChannel, Sending, Step, Timer
 from polymux.session.controls import Controls
+from polymux.session.diagnosis import describe_end
 from polymux.session.lifecycle import Lifecycle
 from polymux.session.liveness import BUSY_READ, STALL_TIMEOUT_WITHOUT_CREDIT, Liveness
 from polymux.session.offers import NoRoomToOpen, OfferFilter, Offers
@@ -64,6 +66,7 @@ from polymux.session.scheduler import Scheduler
 __all__ = ["STALL_TIMEOUT_WITHOUT_CREDIT", "CoreChannel", "NoRoomToOpen", "OfferFilter", "SessionCore"]
 
 _LINGERING = Sending.LINGERING
+_OPEN = Sending.OPEN
 
 
 class SessionCore:
@@ -79,6 +82,8 @@ class SessionCore:
             on formats with no handshake too, it must send a whole frame within
             ``handshake_timeout`` of the connection, or the session ends. A channel we open
             lifts the deadline (the peer may then only listen).
+        is_client: which end of the connection this is, for the errors' words ("the
+            server closed ...") and for judging the peer's first bytes (``None``: unknown).
     """
 
     def __init__(
@@ -90,8 +95,10 @@ class SessionCore:
         offer_filter: OfferFilter | None = None,
         has_handler: bool = False,
         first_frame_deadline: bool = False,
+        is_client: bool | None = None,
     ) -> None:
         self.engine = engine
+        self.is_client = is_client
         self.config = config
         self.format = fmt = engine.format
         self.now = now
@@ -116,6 +123,15 @@ class SessionCore:
         self.pairs = Pairs(fmt)
         self.requests = Requests(fmt)
         self.peer = PeerEvents(self, self.pending.append, has_handler=has_handler)
+        # The data plane (polymux.engine.plane): the engine's data frames into inboxes.
+        self.plane = Plane()
+        """The inboxes' shared state (``on_report``: the driver's hook)."""
+        self.runs = engine.runs
+        """The engine's receiving side: after :meth:`receive_data`, the driver wakes the
+        readers of ``runs.woken`` (and clears it)."""
+        self._behind_at = config.receive_window if not engine.has_flow_control else 1 << 62
+        self._report_floor = min(NO_CREDIT_STEP, max(1, config.receive_window // 4))
+        pressure.on_change = self._reading_changed
         # Ending.
         self.error: BaseException | None = None
         """Why the session ended, once it has (a clean end leaves ``None`` until
@@ -130,6 +146,8 @@ class SessionCore:
         """The connection is gone."""
         self._peer_received = 0  # bytes from the peer, counted up to EARLY
         self._peer_first = b""  # its first FIRST_BYTES bytes
+        self.peer_closed = False
+        """The peer closed the connection first (its end of stream came before ours)."""
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the clocks start (and, without a handshake, the session is
@@ -230,10 +248,14 @@ class SessionCore:
 
     # -- the peer's side -----------------------------------------------------------------------
 
-    def receive_data(self, data: bytes, now: float) -> None:
-        """Bytes from the peer. Then take :meth:`events` and write :meth:`data_to_send`."""
+    def receive_data(self, data: bytes, now: float) -> bool:
+        """Bytes from the peer. Returns whether the driver must act (take :meth:`events`,
+        follow :attr:`reading`, write :meth:`data_to_send`, the deadline): False when the
+        read held only data for inboxes and changed nothing else. Either way, wake the
+        readers of ``runs.woken``."""
         if self.error is not None and self.failed:
-            return
+            return False
+        bits = self.pressure.bits
         self.now = now
         engine = self.engine
         engine.now = now
@@ -245,13 +267,15 @@ class SessionCore:
         try:
             events = engine.receive_data(data)
         except ProtocolError as exc:
-            self._fail(mismatch(self.format, exc, self._peer_first) if early else exc)
-            return
+            self._fail(mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc)
+            return True
         live = self.liveness
         live.rx_at = now  # any byte: the peer is there (heartbeats judge by it)
-        if engine.peer_heartbeats + engine.peer_pings != live.beats_seen:
-            live.beat_heard(now)
-        if events or engine.has_output:
+        beat = engine.peer_heartbeats + engine.peer_pings != live.beats_seen
+        if beat:
+            live.beat_heard(now)  # (the driver then looks at the deadline again)
+        runs = self.runs
+        if events or engine.has_output or runs.received:
             # Whole frames arrived (bytes of a frame that never ends do not count).
             live.last_activity = now
             live.heard = True
@@ -259,25 +283,106 @@ class SessionCore:
                 live.lift_first_frame()
             if len(data) >= BUSY_READ:
                 live.last_busy = now
-        on_event = self.peer.on_event
-        for event in events:
-            if self.failed:
-                break  # the session ended on an earlier event of this read (an open too many)
-            on_event(event)
-        if self.pressure.write_paused and engine.queued_frames > self.config.max_queued_control:
+        if events:
+            on_event = self.peer.on_event
+            for event in events:
+                if self.failed:
+                    break  # the session ended on an earlier event of this read (an open too many)
+                on_event(event)
+        received = runs.received
+        if received:
+            runs.received = 0
+            self.budget.received(received)
+        if runs.behind:
+            self._behind()
+        pressure = self.pressure
+        if pressure.write_paused and engine.queued_frames > self.config.max_queued_control:
             # The peer sends frames that need answers and does not read them.
-            self.pressure.block(BACKLOG, True)
+            pressure.block(BACKLOG, True)
+        return (
+            beat or bool(self.pending) or pressure.bits != bits or engine.has_output or bool(self.scheduler.ready)
+        )
+
+    def _behind(self) -> None:
+        """Inboxes past their limit (formats without credit): the slow-reader policy."""
+        behind, self.runs.behind = self.runs.behind, []
+        channels = self.channels
+        for inbox in behind:
+            inbox.behind = False
+            channel = channels.get(inbox.handle)
+            if channel is not None and inbox.unconsumed > inbox.behind_at and not channel.slow:
+                self.lifecycle.reader_behind(channel)
+
+    # -- the data plane: inboxes ---------------------------------------------------------------
+
+    def new_inbox(self, handle: int) -> Inbox:
+        """The inbox of a new channel (its data arrives as events until :meth:`stream`)."""
+        inbox = Inbox(self.plane, handle)
+        inbox.behind_at = self._behind_at
+        return inbox
+
+    def stream(self, handle: int, owner: object) -> Inbox | None:
+        """The channel's reader is a stream (``owner``, woken when data arrives for it
+        while it waits): its data frames go straight into its inbox, returned (None: the
+        channel is gone)."""
+        channel = self.channels.get(handle)
+        if channel is None:
+            return None
+        inbox = channel.inbox
+        inbox.owner = owner
+        channel.streamed = True
+        if not channel.receiving.closed:
+            self.engine.attach_inbox(handle, inbox)
+        inbox.report_at = self._report_at(handle)
+        inbox.report_on_wait = self.engine.credit_estimated
+        return inbox
+
+    def _report_at(self, handle: int) -> int:
+        step = self.engine.credit_step(handle)
+        return min(step, self._report_floor) if step == NO_CREDIT_STEP else step
+
+    def report(self, now: float) -> None:
+        """Take what the inboxes consumed (:attr:`Plane.reports`): credit and budget."""
+        self.now = now
+        channels = self.channels
+        for inbox in self.plane.take():
+            n = inbox.pending
+            if not n:
+                continue
+            inbox.pending = 0
+            handle = inbox.handle
+            channel = channels.get(handle)
+            if channel is None or channel.inbox is not inbox:
+                self.ack(handle, n)  # a channel gone: credit only (harmless when moot)
+                continue
+            self.budget.consumed(n)
+            self.ack(handle, n)
+            if channel.slow and inbox.unconsumed <= self.config.receive_window // 2:
+                self.lifecycle.set_slow(channel, False)
+            inbox.report_at = self._report_at(handle)
+
+    def _reading_changed(self, paused: bool) -> None:
+        """Reading from the peer paused (or resumed): while paused, every consumed byte is
+        reported at once, and what was consumed so far is reported now (the budget and the
+        slow-reader check need exact counts to resume)."""
+        plane = self.plane
+        plane.eager = paused
+        if paused:
+            for channel in self.channels.values():
+                if channel.inbox.pending:
+                    plane.report(channel.inbox)
 
     def receive_eof(self) -> None:
         """The peer closed its side of the connection: the session is over (the driver
         then reports :meth:`connection_lost`)."""
+        self.peer_closed = not self.closing
         self.closing = True
         try:
             self.engine.receive_eof()
         except ProtocolError as exc:  # the connection ended inside a frame
             if self.error is None:
                 early = 0 < self._peer_received < EARLY  # all it ever sent: a few bytes
-                self.error = mismatch(self.format, exc, self._peer_first) if early else exc
+                self.error = mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc
                 self.failed = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -298,6 +403,7 @@ class SessionCore:
             cause = None
             error = SessionClosed(f"{self.format}: the session's connection was closed")
         error.__cause__ = cause
+        describe_end(self, error, exc)  # how it ended; why, when the peer never spoke the format
         if self.error is None:
             self.error = error
         for channel in list(self.channels.values()):
@@ -345,6 +451,7 @@ class SessionCore:
             budget.high,
             budget.low,
             accepted=usable,
+            inbox=self.new_inbox(handle),
         )
         self.table.add(channel)
         if self.liveness.first_frame_due:  # the application uses the session: the peer may only listen
@@ -470,6 +577,39 @@ class SessionCore:
             return budget.pause(channel, new)
         return False
 
+    def send_now(self, handle: int, data: BytesLike) -> list[BytesLike] | None:
+        """The data plane's sending half: frame ``data`` (bytes, or a read-only view of
+        bytes) at once and return the bytes to write now (the engine's control frames
+        first), when nothing else waits to go out: no channel in the scheduler's round, none
+        of this channel's data queued, the socket taking our bytes, credit for all of it,
+        and nothing for the core to follow (a keepalive ping leaving). Else None: call
+        :meth:`write`, which queues it for the scheduler. Either way the order on the wire is
+        the order of the writes, and the scheduler's fairness holds (there is nobody to be
+        fair to)."""
+        channel = self.channels.get(handle)
+        if (
+            channel is None
+            or channel.sending is not _OPEN
+            or channel.buffered
+            or channel.holding
+            or self.scheduler.ready
+            or self.pressure.write_paused
+            or self.lost
+            or self.failed
+            or self.liveness.ka_opaque is not None
+        ):
+            return None
+        n = len(data)
+        if n > self.config.batch_bytes:
+            return None
+        engine = self.engine
+        if engine.send_credit(handle) < n:
+            return None
+        engine.send_data(handle, data)
+        out = engine.data_to_send()
+        self.liveness.bytes_out += sum(map(len, out))
+        return out
+
     def set_write_limits(self, handle: int, high: int, low: int) -> bool | None:
         """Set a channel's own high/low-water marks; returns the new pause state if it
         changed (True: pause; a resume comes as a :class:`~ce.WriteResumed` event), else None."""
@@ -497,17 +637,23 @@ class SessionCore:
     def close_channel(self, handle: int) -> None:
         """``close()``: finish writing after the queued data and stop reading (what still
         arrives is dropped, its credit returned); reset if the peer does not end its side
-        within ``close_timeout``."""
+        within ``close_timeout``, or takes none of the queued data for that long (while
+        it takes some, the deadline moves on: closing never drops data a peer reads)."""
         channel = self.channels.get(handle)
         if channel is None or channel.receiving.closed:
             return
         channel.step(Step.CLOSE)
-        if channel.unconsumed:
-            n, channel.unconsumed = channel.unconsumed, 0
+        if channel.streamed:
+            self.engine.attach_inbox(handle, None)  # what still comes is dropped (and credited)
+        inbox = channel.inbox
+        n = inbox.drop() + inbox.pending
+        inbox.pending = 0
+        if n:
             self.budget.consumed(n)
             self.ack(handle, n)
         self.lifecycle.set_slow(channel, False)
         self.write_eof(handle)
+        channel.progress = 0
         self.table.add_timer(self.now + self.config.close_timeout, Timer.CLOSE, handle)
 
     def reset(self, handle: int, message: str | None = None) -> None:
@@ -528,13 +674,14 @@ class SessionCore:
         if channel is None:
             self.ack(handle, n)
             return
-        n = min(n, channel.unconsumed)
+        inbox = channel.inbox
+        n = min(n, inbox.unconsumed)
         if n <= 0:
             return
-        channel.unconsumed -= n
+        inbox.unconsumed -= n
         self.budget.consumed(n)
         self.ack(handle, n)
-        if channel.slow and channel.unconsumed <= self.config.receive_window // 2:
+        if channel.slow and inbox.unconsumed <= self.config.receive_window // 2:
             self.lifecycle.set_slow(channel, False)
 
     def reader_waiting(self, handle: int) -> None:
@@ -543,8 +690,12 @@ class SessionCore:
         channel = self.channels.get(handle)
         if channel is None:
             return
-        if channel.unconsumed:
-            self.consumed(handle, channel.unconsumed)
+        inbox = channel.inbox
+        n = inbox.unconsumed + inbox.pending
+        if n:
+            inbox.unconsumed = inbox.pending = 0
+            self.budget.consumed(n)
+            self.ack(handle, n)
         self.lifecycle.set_slow(channel, False)
 
     def reading_paused(self, handle: int, paused: bool) -> None:

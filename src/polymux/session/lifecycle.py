@@ -81,7 +81,7 @@ class Lifecycle:
         """slow_reader="reset": drop this channel so the others can go on."""
         config = self.config
         message = (
-            f"reader fell behind: {channel.unconsumed} bytes unread"
+            f"reader fell behind: {channel.inbox.unconsumed} bytes unread"
             + (f" for {config.slow_reader_timeout:g} s" if config.slow_reader_timeout else "")
             + f" (receive_window={config.receive_window}, slow_reader='reset')"
         )
@@ -109,7 +109,14 @@ class Lifecycle:
             )
             self.finish(channel, error)
         elif kind == Timer.CLOSE:
-            core.reset(channel.handle)  # the peer never ended its side
+            if channel.progress and (channel.buffered or not channel.sending.end_sent):
+                # Still sending what was written before close(), and the peer takes it: the
+                # deadline moves on (a reset would drop data the peer is reading; Streamux
+                # shows a reset as a clean end).
+                channel.progress = 0
+                core.table.add_timer(core.now + config.close_timeout, Timer.CLOSE, channel.handle)
+                return
+            core.reset(channel.handle)  # the peer never ended its side, or takes nothing
         elif channel.slow and core.now - channel.slow_since >= config.slow_reader_timeout:
             self._overflow(channel)  # OVERFLOW: still full since its timer was set
 

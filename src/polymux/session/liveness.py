@@ -268,7 +268,8 @@ class Liveness:
             host.fail(
                 SessionClosed(
                     f"{self.format}: {what} from the peer within "
-                    f"{self.config.handshake_timeout:g} s (handshake_timeout)"
+                    f"{self.config.handshake_timeout:g} s (handshake_timeout)",
+                    ending=SessionClosed.VANISHED,
                 )
             )
             return
@@ -302,7 +303,8 @@ class Liveness:
         if timeout is not None and quiet and now - self.last_activity >= timeout:
             return SessionClosed(
                 f"{self.format}: closed after {timeout:g} s with no channels and no frame received "
-                "(idle_timeout)"
+                "(idle_timeout)",
+                ending=SessionClosed.LOCAL,
             )
         return None
 
@@ -329,7 +331,8 @@ class Liveness:
         self.host.fail(
             SessionClosed(
                 f"{self.format}: the peer sends but is not reading: {unsent} bytes unsent and "
-                f"no progress for {timeout:g} s (send_timeout)"
+                f"no progress for {timeout:g} s (send_timeout)",
+                ending=SessionClosed.VANISHED,
             )
         )
 
@@ -511,4 +514,4 @@ class Liveness:
         if self.ka_opaque is not None:  # pragma: no branch
             self.pings.pop(self.ka_opaque, None)
         self.ka_opaque = None
-        self.host.fail(SessionClosed(f"{self.format}: {problem}"))
+        self.host.fail(SessionClosed(f"{self.format}: {problem}", ending=SessionClosed.VANISHED))

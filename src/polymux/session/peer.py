@@ -31,6 +31,7 @@ from polymux.exceptions import (
 )
 from polymux.session import events as ce
 from polymux.session.channels import CoreChannel, Receiving, Step
+from polymux.session.diagnosis import name_the_peer
 from polymux.session.pairs import REPLY, pair_role
 from polymux.sniff import identify, show
 
@@ -48,19 +49,24 @@ FIRST_BYTES = 64
 """The peer's first bytes kept for that diagnosis."""
 
 
-def mismatch(fmt: str, error: ProtocolError, first: bytes) -> ProtocolError:
+def mismatch(fmt: str, error: ProtocolError, first: bytes, is_client: bool | None = None) -> ProtocolError:
     """``error`` (a violation in the peer's first bytes ``first``) as the diagnosis it is:
     a :class:`FormatMismatch` saying what the peer sent and, where the bytes tell, what it
-    is. A more precise error (a flow-control overrun, a failed negotiation: each needs
-    bytes of the format) stays what it is."""
+    is: HTTP, TLS, SSH, or another multiplexing format (named at
+    :data:`~polymux.session.diagnosis.NAME_CONFIDENCE` or above; ``is_client``: we are the
+    client, so the bytes are a server's). A more precise error (a flow-control overrun, a
+    failed negotiation: each needs bytes of the format) stays what it is."""
     if type(error) is not ProtocolError:
         return error
     foreign = identify(first)
+    named = None if foreign is not None else name_the_peer(fmt, first, peer_role=_ROLES[is_client])
     if foreign is not None:
         detail = (
             f"the peer speaks {foreign.name}, not {fmt}: it sent {foreign.what}, so it is "
             f"{foreign.peer} (as {fmt}: {error.detail})"
         )
+    elif named is not None:
+        detail = f"{named} (it sent {show(first)}; as {fmt}: {error.detail})"
     else:
         detail = (
             f"the peer's first bytes are not {fmt}: it probably speaks another protocol or "
@@ -70,6 +76,9 @@ def mismatch(fmt: str, error: ProtocolError, first: bytes) -> ProtocolError:
     found.__cause__ = error
     return found
 
+
+_ROLES = {None: "peer", True: "server", False: "client"}
+"""The peer's role in the diagnosis, by whether we are the client."""
 
 _READING = Receiving.OPEN
 _ANSWER = Receiving.ANSWER
@@ -116,10 +125,14 @@ class PeerEvents:
                         self.emit(failed)
                         core.reset(event.channel)  # the answer passed its limit
                     return
-            channel.unconsumed += n
+            inbox = channel.inbox
+            if channel.streamed:  # into its inbox, as the engine's data frames go
+                core.runs.put(inbox, event.data, event.more, n)
+                return
+            inbox.unconsumed += n
             core.budget.received(n)
             self.emit(ce.Data(event.channel, event.data, event.more, n))
-            if not self.credit and channel.unconsumed > self.receive_window:
+            if not self.credit and inbox.unconsumed > self.receive_window:
                 core.lifecycle.reader_behind(channel)
         elif isinstance(event, ev.CreditAvailable):
             channel = channels.get(event.channel)
@@ -192,7 +205,11 @@ class PeerEvents:
             core.peer_goaway = f"the peer is going away ({event.message})"
             self.emit(ce.RoomToOpen(everyone=True))  # waiting opens fail: no new channels
             if event.code:
-                core.fail(SessionClosed(f"{self.format}: the peer went away with {event.message}"))
+                core.fail(
+                    SessionClosed(
+                        f"{self.format}: the peer went away with {event.message}", ending=SessionClosed.CLOSED
+                    )
+                )
         elif isinstance(event, ev.PingAcked):
             rtt = core.liveness.ping_acked(event.opaque, core.now)
             if rtt is not None:
@@ -222,7 +239,14 @@ class PeerEvents:
         engine.accept_channel(handle)
         budget = core.budget
         channel = CoreChannel(
-            handle, name, engine.describe(handle), False, budget.high, budget.low, accepted=True
+            handle,
+            name,
+            engine.describe(handle),
+            False,
+            budget.high,
+            budget.low,
+            accepted=True,
+            inbox=core.new_inbox(handle),
         )
         core.table.add(channel)
         role = pair_role(engine.metadata_object(handle)) if engine.one_way else None

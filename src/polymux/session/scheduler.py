@@ -161,5 +161,6 @@ class Scheduler:
             size += got
         old = channel.buffered
         channel.buffered = new = old - size
+        channel.progress += size
         self.budget.taken(channel, old, new)
         return parts

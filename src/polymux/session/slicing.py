@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-__all__ = ["FULL_READ", "SLICE", "SLICED_FOR", "SLICE_FRAMES", "TURN", "InputSlicer", "dense"]
+__all__ = ["DENSE_FLOOR", "FULL_READ", "SLICE", "SLICED_FOR", "SLICE_FRAMES", "TURN", "InputSlicer", "dense"]
 
 SLICE = 16 * 1024
 """Bytes of input processed at a time while a session is in sliced mode."""
@@ -45,6 +45,10 @@ SLICED_FOR = 1.0
 
 FULL_READ = 256 * 1024
 """The largest socket read (asyncio's and uvloop's)."""
+
+
+DENSE_FLOOR = TURN * SLICE / FULL_READ
+"""Work shorter than this is never dense (:func:`dense`): a driver need not ask."""
 
 
 def dense(elapsed: float, size: int) -> bool:

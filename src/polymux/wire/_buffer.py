@@ -20,7 +20,7 @@ from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
 
 
-__all__ = ["INCOMPLETE", "FrameBuffer", "Incomplete"]
+__all__ = ["INCOMPLETE", "LARGE_FRAME", "FrameBuffer", "Incomplete"]
 
 
 class Incomplete(Exception):
@@ -33,6 +33,12 @@ whoever catches it must drop its ``__traceback__``: every raise appends to it, a
 chain would keep the frames (and the buffers they hold) alive forever."""
 
 
+LARGE_FRAME = 128 * 1024
+"""A frame held back that is larger than this is kept as the pieces its reads brought and
+joined once, when whole (one copy); a smaller one grows in one buffer (two copies, of few
+bytes)."""
+
+
 class FrameBuffer:
     """Holds the start of the frame a read cut off, and completes it on the next read.
 
@@ -41,19 +47,21 @@ class FrameBuffer:
             is known once that many bytes are in, or the frame's end is).
     """
 
-    __slots__ = ("_need", "_probe", "held")
+    __slots__ = ("_need", "_pieces", "_probe", "_size", "held")
 
     def __init__(self, probe: int) -> None:
         self.held = bytearray()
         """The start of the frame held back (read-only: a decoder tests it before each feed,
         an attribute because that is cheaper than a property on the hot path)."""
+        self._pieces: list[BytesLike] = []  # a large frame's later pieces (see _keep)
+        self._size = 0  # bytes held in all
         self._need = 0  # the held frame's whole size once its header is in (0: not yet)
         self._probe = probe
 
     @property
     def pending(self) -> int:
         """Bytes held back (the start of one frame)."""
-        return len(self.held)
+        return self._size
 
     def head(self, n: int) -> bytes | None:
         """The first ``n`` held bytes (a header), or None while fewer are held."""
@@ -61,13 +69,32 @@ class FrameBuffer:
 
     def hold(self, rest: BytesLike, need: int = 0) -> None:
         """Keep ``rest``: the start of a frame of ``need`` bytes in all (0: not known yet)."""
-        self.held += rest
         self._need = need
+        probe = self._probe
+        if need > LARGE_FRAME and len(rest) > probe:
+            self.held += rest[:probe]  # the header, where head() reads it
+            self._size += probe
+            self._keep(rest[probe:])
+            return
+        self.held += rest
+        self._size += len(rest)
+
+    def _keep(self, piece: BytesLike) -> None:
+        """More of a large frame: a piece of at least a fifth of an immutable read is kept
+        as it is (no copy: the frame is joined once, when it is whole), a smaller one is
+        copied (a view would pin a whole read for a few bytes)."""
+        obj = piece.obj if piece.__class__ is memoryview else piece
+        if obj.__class__ is not bytes or len(piece) * 5 < len(obj):
+            piece = bytes(piece)
+        self._pieces.append(piece)
+        self._size += len(piece)
 
     def take(self) -> bytes:
         """Return everything held, and hold nothing more."""
-        held = bytes(self.held)
+        held = b"".join([self.held, *self._pieces]) if self._pieces else bytes(self.held)
         self.held.clear()
+        self._pieces.clear()
+        self._size = 0
         self._need = 0
         return held
 
@@ -81,10 +108,12 @@ class FrameBuffer:
 
         Returns ``(frame, pos)``: the frame, now whole (a copy), and where parsing goes on
         in ``data``; or ``(None, len(data))`` when ``data`` did not finish it (it is all
-        held: parsing ``data`` from ``pos`` finds nothing more).
+        held: parsing ``data`` from ``pos`` finds nothing more). A frame larger than
+        :data:`LARGE_FRAME` is copied once, when it is whole (its pieces are kept as the
+        reads brought them until then); a smaller one grows in one buffer.
         """
         held = self.held
-        have = len(held)
+        have = self._size
         need = self._need
         if not need:
             probe = self._probe
@@ -93,17 +122,35 @@ class FrameBuffer:
             except Incomplete as incomplete:
                 incomplete.__traceback__ = None  # shared: see INCOMPLETE
                 held += data
+                self._size += len(data)
                 return None, len(data)
         # Held bytes are always a frame's incomplete start, and the probe covers any header,
         # so the frame is longer than what is held: ``used`` is positive.
         used = need - have
-        if used > len(data):
-            held += data
+        end = len(data)
+        if used > end:
             self._need = need
-            return None, len(data)
-        held += data[:used]
-        frame = bytes(held)
+            if self._pieces or need > LARGE_FRAME:
+                rest: BytesLike = data
+                if len(held) < self._probe:  # (the header first, where head() reads it)
+                    k = self._probe - len(held)
+                    held += data[:k]
+                    self._size += min(k, end)
+                    rest = data[k:]
+                if rest:
+                    self._keep(rest)
+            else:
+                held += data
+                self._size += end
+            return None, end
+        if self._pieces:
+            frame = b"".join([held, *self._pieces, data[:used]])
+            self._pieces.clear()
+        else:
+            held += data[:used]
+            frame = bytes(held)
         held.clear()
+        self._size = 0
         self._need = 0
         return frame, used
 
@@ -123,7 +170,7 @@ class FrameBuffer:
         if self.held:
             if not self._need:
                 return start
-            pos += self._need - len(self.held)
+            pos += self._need - self._size
             most -= 1
             if pos >= end:
                 return end

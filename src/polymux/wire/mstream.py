@@ -38,6 +38,7 @@ __all__ = [
     "Decoder",
     "Frame",
     "Handshake",
+    "content_prefix",
     "decode_content_processed",
     "decode_offer",
     "decode_offer_accepted",
@@ -159,6 +160,15 @@ def encode_handshake(version: int, random: bytes) -> bytes:
     if version == 2:
         return _packb([[2, 0], random])
     raise ValueError(f"mstream-v{version} has no handshake")
+
+
+def content_prefix(version: int, channel_id: int, source: int) -> bytes:
+    """What precedes the payload's length in a Content frame with a payload (v2/v3): a
+    sender encodes it once per channel, then appends the length (bin8 or bin16) per frame;
+    ``content_prefix(...) + length + payload`` equals :func:`encode_frame`'s."""
+    if version == 2:
+        return b"\x93" + _pack_uint(ControlCode.CONTENT) + _pack_uint(channel_id)
+    return b"\x94" + _pack_uint(ControlCode.CONTENT) + _pack_uint(channel_id) + _SOURCE_BYTES[source]
 
 
 def encode_header(

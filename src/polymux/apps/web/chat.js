@@ -6,10 +6,13 @@
  * a file (get {name, offset}) and get it back with its SHA-256 (file, bytes, end); the file
  * list is live (files/watch). See polymux.apps.webchat and polymux.apps.chat.
  *
- * The connection comes back by itself (backoff 0.5 s to 15 s, "Retry now" at any time): the
- * rooms are joined again, with the messages said meanwhile (the server keeps each room's
- * recent ones), and transfers go on from where the server is. The nick and the rooms of
- * this tab survive a reload (sessionStorage).
+ * The connection comes back by itself (backoff 0.5 s to 15 s, "Retry now" at any time; a
+ * connection that goes silent is noticed by a ping): the rooms are joined again and catch
+ * up on what was said meanwhile, each message once and in order, marked as missed (the
+ * server counts what it no longer holds); a message sent just before the connection went
+ * is sent again, and the server relays it once (its id). Transfers go on from where the
+ * server is. The nick and the rooms of this tab survive a reload (sessionStorage), with a
+ * "New since you left" line.
  *
  * `?nick=ada&room=lobby,dev` joins at once. `window.webchat` holds the state (for the console
  * and the tests).
@@ -22,10 +25,13 @@ import { Sha256 } from './sha256.js'
 const SLICE = 256 * 1024 // bytes per write of an upload: the bar moves at least this finely
 const MAX_TEXT = 16384 // characters per message (the server's limit, counted as it counts them)
 const MAX_LABEL = 64 // characters of a nick or a room name
-const HISTORY = 100 // recent messages asked for when joining a room
+const HISTORY = 100 // recent messages asked for when first joining a room
 const BACKOFF = [500, 1000, 2000, 4000, 8000, 15000] // ms before each new attempt to connect
+const TYPING_EVERY = 3000 // ms between two "typing" records we send
+const TYPING_SHOWN = 6000 // ms a "typing" record of someone else shows
 const TITLE = document.title
 const $ = selector => document.querySelector(selector)
+const coarse = matchMedia('(pointer: coarse)')
 
 const state = {
 	session: null, // the connected Session, or null
@@ -36,11 +42,16 @@ const state = {
 	connecting: false,
 	online: [], // resolvers of waitOnline()
 	nick: '',
+	token: '', // our join token: a new channel of ours replaces the one the server may still hold
 	rooms: new Map(), // room -> view
 	active: null,
 	transfers: [],
 	files: [],
-	watching: false,
+	pinned: true, // the message list shows its end (it follows new messages)
+	heard: 0, // performance.now() of the last record from the server
+	pinged: 0, // when we last asked (0: not waiting for an answer)
+	liveness: { interval: 20000, timeout: 10000 }, // ms of silence before a ping; ms it has to answer
+	touch: coarse.matches, // a phone or a tablet: Enter makes a new line, Send sends
 }
 window.webchat = state
 
@@ -56,29 +67,91 @@ function element(tag, props = {}, ...children) {
 	return node
 }
 
-/** A byte count for people: 512 B, 12.5 KiB, 3.40 MiB, 1.2 GiB. */
+function icon(paths) {
+	const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg')
+	for (const [k, v] of Object.entries({ viewBox: '0 0 24 24', width: 22, height: 22, fill: 'none', stroke: 'currentColor', 'stroke-width': 2, 'stroke-linecap': 'round', 'stroke-linejoin': 'round', 'aria-hidden': 'true' })) svg.setAttribute(k, v)
+	svg.innerHTML = paths // constant markup of this file, never text from elsewhere
+	return svg
+}
+const FILE_ICON = '<path d="M6 3h8l4 4v14H6z"/><path d="M14 3v4h4"/>'
+
+/** A byte count for people, in one unit system (decimal, as MB/s): 512 B, 12.5 KB, 8.4 MB, 1.2 GB. */
 export function formatBytes(n) {
-	if (n < 1024) return `${n} B`
-	const units = ['KiB', 'MiB', 'GiB', 'TiB']
-	let value = n / 1024
+	if (n < 1000) return `${n} B`
+	const units = ['KB', 'MB', 'GB', 'TB']
+	let value = n / 1000
 	let unit = 0
-	while (value >= 1024 && unit < units.length - 1) {
-		value /= 1024
+	while (value >= 1000 && unit < units.length - 1) {
+		value /= 1000
 		unit++
 	}
-	return `${value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`
+	return `${value.toFixed(value < 100 ? 1 : 0)} ${units[unit]}`
 }
 
 const count = n => n.toLocaleString('en-US')
+const plural = (n, one, many = `${one}s`) => `${count(n)} ${n === 1 ? one : many}`
 const short = (text, n = 16) => (characters(text) > n ? `${[...text].slice(0, n - 1).join('')}…` : text)
 const characters = text => [...text].length // code points, as Python's len() counts them
 
-function clock(seconds) {
-	const date = seconds ? new Date(seconds * 1000) : new Date()
-	const today = new Date().toDateString() === date.toDateString()
-	const time = date.toLocaleTimeString([], { hour: 'numeric', minute: '2-digit' })
-	const shown = today ? time : `${date.toLocaleDateString([], { day: 'numeric', month: 'short' })} ${time}`
-	return element('time', { dateTime: date.toISOString(), title: date.toLocaleString() }, shown)
+function randomId(bytes = 8) {
+	return [...crypto.getRandomValues(new Uint8Array(bytes))].map(b => b.toString(16).padStart(2, '0')).join('')
+}
+
+function when(seconds) {
+	return seconds ? new Date(seconds * 1000) : new Date()
+}
+
+function hhmm(date) {
+	return date.toLocaleTimeString([], { hour: 'numeric', minute: '2-digit' })
+}
+
+function clock(date) {
+	return element('time', { dateTime: date.toISOString(), title: date.toLocaleString() }, hhmm(date))
+}
+
+function dayName(date) {
+	const today = new Date()
+	const yesterday = new Date(today.getTime() - 86400000)
+	if (date.toDateString() === today.toDateString()) return 'Today'
+	if (date.toDateString() === yesterday.toDateString()) return 'Yesterday'
+	return date.toLocaleDateString([], { weekday: 'long', day: 'numeric', month: 'long' })
+}
+
+/** A readable colour per nick (the same in every page). */
+function nickColour(nick) {
+	let h = 0
+	for (const c of nick) h = (h * 31 + c.codePointAt(0)) >>> 0
+	return `hsl(${h % 360} 60% 32%)`
+}
+
+const URL_PATTERN = /\bhttps?:\/\/[^\s<>"]+/gi
+
+/** `text` as text nodes and links (http and https only; never HTML from the message). */
+function linkify(text) {
+	const parts = []
+	let at = 0
+	for (const match of text.matchAll(URL_PATTERN)) {
+		let url = match[0]
+		// Punctuation after a link is the sentence's, and a closing bracket is only the link's if it opened one.
+		while (/[.,;:!?'»”)\]]$/.test(url)) {
+			const last = url.at(-1)
+			if ((last === ')' && url.split('(').length > url.split(')').length - 1) || (last === ']' && url.split('[').length > url.split(']').length - 1)) break
+			url = url.slice(0, -1)
+		}
+		let href = null
+		try {
+			const parsed = new URL(url)
+			if (parsed.protocol === 'http:' || parsed.protocol === 'https:') href = parsed.href
+		} catch {
+			// not a URL after all: stays text
+		}
+		if (!href) continue
+		parts.push(text.slice(at, match.index))
+		parts.push(element('a', { href, target: '_blank', rel: 'noopener noreferrer' }, url))
+		at = match.index + url.length
+	}
+	parts.push(text.slice(at))
+	return parts.filter(part => part !== '')
 }
 
 /** What went wrong, in words a person uses (the technical message stays in the console). */
@@ -151,6 +224,8 @@ async function connectNow() {
 	state.connecting = false
 	state.session = opened
 	state.attempt = 0
+	state.heard = performance.now()
+	state.pinged = 0
 	const again = state.everConnected
 	state.everConnected = true
 	setStatus('ok', 'Connected')
@@ -169,11 +244,13 @@ function lost(gone) {
 		if (view.state === 'joined' || view.state === 'joining') {
 			view.state = 'waiting'
 			view.channel = null
+			clearTyping(view)
 			notice(view, 'Connection lost. You will be back in the room once it returns.', 'bad')
 			drawTab(view)
 		}
 	}
 	drawComposer()
+	drawMembers()
 	scheduleReconnect()
 }
 
@@ -189,16 +266,47 @@ function scheduleReconnect() {
 function countdown() {
 	if (state.session || state.connecting || !state.timer) return
 	const seconds = Math.max(1, Math.ceil((state.retryAt - Date.now()) / 1000))
-	const what = state.everConnected ? 'Connection lost' : 'Cannot reach the server'
-	setStatus('offline', `${what}. Trying again in ${seconds} s.`, true)
+	if (narrow()) {
+		setStatus('offline', `${state.everConnected ? 'Offline' : 'No connection'}. Retrying in ${seconds} s.`, true)
+	} else {
+		const what = state.everConnected ? 'Connection lost' : 'Cannot reach the server'
+		setStatus('offline', `${what}. Trying again in ${seconds} s.`, true)
+	}
 	setTimeout(countdown, Math.min(1000, Math.max(50, state.retryAt - Date.now())))
+}
+
+/** A connection can stop carrying bytes without closing (a Wi-Fi drop, a NAT that forgot
+ * it): after `interval` of silence ask the server (ping), and give the connection up if
+ * nothing comes within `timeout`. */
+function checkLiveness() {
+	const current = state.session
+	const now = performance.now()
+	const joined = [...state.rooms.values()].filter(view => view.state === 'joined' && view.channel)
+	if (current && !current.error && joined.length) {
+		if (state.pinged && state.heard < state.pinged && now - state.pinged > state.liveness.timeout) {
+			console.debug('webchat: the server did not answer a ping: connecting again')
+			state.pinged = 0
+			current.close(4000, 'no answer to a ping')
+			lost(current)
+		} else if (!state.pinged && now - state.heard > state.liveness.interval) {
+			state.pinged = now
+			joined[0].channel.write(encodeRecord({ type: 'ping' })).catch(() => {})
+		}
+	}
+	setTimeout(checkLiveness, Math.min(1000, state.liveness.interval / 4, state.liveness.timeout / 4))
+}
+
+function heard() {
+	state.heard = performance.now()
+	state.pinged = 0
 }
 
 function setOnline(online) {
 	document.body.classList.toggle('offline', !online)
 	$('#join-button').disabled = !online
-	$('#pick').disabled = !online
 	$('#refresh').disabled = !online
+	$('#upload').disabled = !online
+	for (const button of document.querySelectorAll('button.get')) button.disabled = !online
 	drawComposer()
 }
 
@@ -212,9 +320,18 @@ function makeView(room) {
 		reason: '',
 		channel: null,
 		members: new Set(),
-		seen: new Set(), // msg keys shown (history comes again after a reconnect)
+		epoch: null, // the room's numbering (its welcome's epoch), once joined
+		last: 0, // the last number shown: a rejoin asks for what came after it
+		read: 0, // the last number a person looked at (for "New since you left" after a reload)
+		seen: new Set(), // `${epoch}/${seq}` shown (history comes again when a closed room is joined again)
+		pending: new Map(), // our message id -> {text, item, at}: said, not yet back from the server
+		typing: new Map(), // nick -> timer of someone typing here
+		typedAt: 0, // when we last told the room that we are typing
 		unread: 0,
-		pending: new Map(), // text -> performance.now() when said (round trip)
+		below: 0, // messages that came while the list was scrolled up (the "new messages" pill)
+		belowNotices: 0, // notices that came meanwhile (the pill shows, without counting them)
+		away: false, // a "New since you left" line was put for the messages coming now
+		scroll: null, // the list's scroll position while another room is shown
 		list: element('ol', { 'data-room': room, hidden: true }),
 		mark: null, // where history goes: before the notice of the latest join
 	}
@@ -230,35 +347,80 @@ function makeView(room) {
 
 function drawTab(view) {
 	view.tab.classList.toggle('closed', view.state === 'closed')
-	view.tab.classList.toggle('waiting', view.state === 'waiting')
+	view.tab.classList.toggle('waiting', view.state === 'waiting' || view.state === 'joining')
 	view.badge.textContent = view.unread ? String(view.unread) : ''
-	view.select.title = view.state === 'closed' ? `#${view.room}: closed (${view.reason})` : `#${view.room}`
+	view.select.title = view.state === 'closed' ? `#${view.room}: closed (${view.reason})` : view.state === 'waiting' ? `#${view.room}: waiting for the connection` : `#${view.room}`
 	const unread = [...state.rooms.values()].reduce((n, v) => n + v.unread, 0)
 	document.title = unread ? `(${unread}) ${TITLE}` : TITLE
+	// The shown room's tab stays in view in the strip (the header's other parts change width).
+	if (state.active === view.room) requestAnimationFrame(() => view.tab.scrollIntoView({ block: 'nearest', inline: 'nearest' }))
 }
 
 function drawComposer() {
 	const view = state.rooms.get(state.active)
 	const ready = Boolean(view && view.state === 'joined' && state.session)
 	$('#text').disabled = !ready
-	$('#send').disabled = !ready || !$('#text').value.trim()
-	let hint = 'join a room, then type here'
-	if (view && !state.session) hint = 'not connected…'
-	else if (view && view.state === 'closed') hint = `#${short(view.room, 14)} is closed: Rejoin`
-	else if (view && view.state === 'joined') hint = `message #${short(view.room, 14)}`
-	else if (view) hint = `joining #${short(view.room, 14)}…`
+	$('#attach').disabled = !state.session
+	const draft = $('#text').value
+	$('#send').disabled = !ready || !draft.trim() || (draft.length > MAX_TEXT / 2 && Boolean(tooLong(draft)))
+	let hint = 'Message'
+	if (view && !state.session) hint = 'Reconnecting…'
+	else if (view && view.state === 'closed') hint = `#${short(view.room, 14)} is closed: Rejoin above`
+	else if (view && view.state === 'joined') hint = `Message #${short(view.room, 14)}`
+	else if (view) hint = `Joining #${short(view.room, 14)}…`
 	$('#text').placeholder = hint
+	$('#text').enterKeyHint = state.touch ? 'enter' : 'send'
+	drawTyping()
 }
 
 function drawMembers() {
 	const view = state.rooms.get(state.active)
-	$('#people').hidden = !view || view.state !== 'joined'
+	$('#people').hidden = !view
+	$('#open-people').hidden = !view
 	if (!view) return
 	const names = [...view.members].sort((a, b) => a.localeCompare(b))
+	const live = view.state === 'joined'
+	$('#people').classList.toggle('stale', !live)
 	$('#people-title').textContent = `In #${view.room} (${names.length})`
+	$('#people-count').textContent = live ? String(names.length) : ''
+	const note = $('#people-note')
+	note.hidden = live
+	note.textContent = view.state === 'closed' ? 'You are not in this room any more.' : 'Offline: who is here shows again once the connection is back.'
 	$('#members').replaceChildren(
 		...names.map(nick => element('li', { className: nick === view.nick ? 'me' : '', 'data-nick': nick }, nick === view.nick ? `${nick} (you)` : nick)),
 	)
+}
+
+function drawTyping() {
+	const view = state.rooms.get(state.active)
+	const names = view && view.state === 'joined' ? [...view.typing.keys()] : []
+	let text = ''
+	if (names.length === 1) text = `${names[0]} is typing…`
+	else if (names.length === 2) text = `${names[0]} and ${names[1]} are typing…`
+	else if (names.length > 2) text = `${names[0]}, ${names[1]} and ${plural(names.length - 2, 'other')} are typing…`
+	$('#typing').textContent = text
+}
+
+function clearTyping(view, nick = null) {
+	for (const [who, timer] of view.typing) {
+		if (nick === null || who === nick) {
+			clearTimeout(timer)
+			view.typing.delete(who)
+		}
+	}
+	if (state.active === view.room) drawTyping()
+}
+
+function signedIn() {
+	const any = state.rooms.size > 0
+	document.body.classList.toggle('signed-out', !any)
+	$('#messages').hidden = !any
+	$('#say').hidden = !any
+	$('#add-room').hidden = !any
+	$('#me').hidden = !any
+	$('#me-name').textContent = state.nick
+	$('#me-initial').textContent = [...state.nick][0] ?? ''
+	if (!any) closeSide()
 }
 
 /** Join `room` (the form, a link, a reload), or go back to it if it was closed. */
@@ -270,13 +432,16 @@ async function join(room) {
 		state.rooms.set(room, view)
 		$('#rooms').append(view.tab)
 		$('#messages').append(view.list)
+		signedIn()
 	}
 	select(room, true)
 	view.focus = true // a person asked: the message box is next
 	return enter(view, { again: Boolean(existing) })
 }
 
-/** Open the room's channel, send the join, read the welcome: the view is live again. */
+/** Open the room's channel, send the join, read the welcome: the view is live again. A room
+ * this page was in already asks for what it missed (since its last number); a new one (or
+ * after a reload) for the recent messages. */
 async function enter(view, { again = false } = {}) {
 	const { room } = view
 	const ticket = (view.ticket = {}) // the latest attempt wins
@@ -286,7 +451,11 @@ async function enter(view, { again = false } = {}) {
 	let channel = null
 	try {
 		channel = await session().openPair(`chat/${room}`)
-		await channel.write(encodeRecord({ type: 'join', room, nick: state.nick, history: HISTORY }))
+		const join = { type: 'join', room, nick: state.nick, token: state.token }
+		const catchUp = view.epoch !== null
+		if (catchUp) Object.assign(join, { since: view.last, epoch: view.epoch })
+		else join.history = HISTORY
+		await channel.write(encodeRecord(join))
 		const reader = new RecordReader(channel.readable)
 		const welcome = await reader.record()
 		if (!welcome || welcome.type !== 'welcome') {
@@ -294,15 +463,24 @@ async function enter(view, { again = false } = {}) {
 			throw Object.assign(new Error(welcome ? welcome.message || `unexpected ${welcome.type}` : 'the server closed the room'), { refused: true })
 		}
 		if (state.rooms.get(room) !== view || view.ticket !== ticket) return void channel.close() // left, or tried again, meanwhile
+		heard()
 		view.channel = channel
 		view.retries = 0
 		view.lastError = ''
 		view.nick = welcome.nick
 		view.members = new Set(welcome.members)
 		view.state = 'joined'
+		if (view.restoredEpoch !== undefined && view.restoredEpoch !== welcome.epoch) view.restoredRead = undefined
+		if (!catchUp) view.last = welcome.seq ?? 0 // the history that follows is older
+		else if (welcome.epoch !== view.epoch) view.last = 0 // a new numbering: all it holds is new to us
+		view.epoch = welcome.epoch ?? null
 		const others = welcome.members.filter(nick => nick !== welcome.nick)
-		const here = others.length ? `with ${others.join(', ')}` : 'nobody else is here yet'
-		view.mark = notice(view, again ? `You are back in #${room} as ${welcome.nick}, ${here}.` : `You joined #${room} as ${welcome.nick}; ${here}.`)
+		if (again || view.restored) {
+			view.mark = notice(view, `You are back in #${room} as ${welcome.nick}.`)
+		} else {
+			const here = others.length ? `with ${others.join(', ')}` : 'nobody else is here yet'
+			view.mark = notice(view, `You joined #${room} as ${welcome.nick}; ${here}.`)
+		}
 		view.mark.classList.add('joined')
 		drawTab(view)
 		if (state.active === room) {
@@ -313,6 +491,7 @@ async function enter(view, { again = false } = {}) {
 			view.focus = false
 		}
 		save()
+		view.catching = catchUp ? -1 : 0 // what we said is sent again once the catch-up is in
 		readRoom(view, channel, reader)
 	} catch (error) {
 		if (state.rooms.get(room) !== view || view.ticket !== ticket) return
@@ -344,12 +523,32 @@ async function enter(view, { again = false } = {}) {
 	}
 }
 
+/** One record of the catch-up is in: after the last one, send again what is still pending. */
+function caughtOne(view) {
+	if (view.catching > 0 && --view.catching === 0) resend(view, view.channel)
+}
+
+/** What we said and did not see come back (the connection went meanwhile): sent again with
+ * the same id once the room has caught up (what came back in the catch-up is not sent
+ * again); the server relays an id once. */
+async function resend(view, channel) {
+	for (const [id, said] of view.pending) {
+		if (view.channel !== channel) return
+		try {
+			await channel.write(encodeRecord({ type: 'say', text: said.text, id }))
+		} catch {
+			return // the connection went again: the next join sends it
+		}
+	}
+}
+
 async function readRoom(view, channel, reader) {
 	try {
 		for (;;) {
 			const record = await reader.record()
 			if (view.channel !== channel) return
 			if (!record) return closeRoom(view, view.lastError || 'the server closed the room')
+			heard()
 			onRecord(view, record)
 		}
 	} catch (error) {
@@ -362,15 +561,29 @@ async function readRoom(view, channel, reader) {
 function onRecord(view, record) {
 	switch (record.type) {
 		case 'msg':
+			clearTyping(view, record.nick)
 			return message(view, record)
 		case 'file':
 			return fileNotice(view, record)
+		case 'catchup':
+			return caughtUp(view, record)
+		case 'duplicate':
+			return confirmed(view, record.id, record.seq)
+		case 'typing':
+			if (record.nick === view.nick) return
+			clearTimeout(view.typing.get(record.nick))
+			view.typing.set(record.nick, setTimeout(() => clearTyping(view, record.nick), TYPING_SHOWN))
+			if (state.active === view.room) drawTyping()
+			return
+		case 'pong':
+			return
 		case 'joined':
 			view.members.add(record.nick)
 			notice(view, `${record.nick} joined`)
 			break
 		case 'left': {
 			view.members.delete(record.nick)
+			clearTyping(view, record.nick)
 			const why = record.reason === 'left' || !record.reason ? '' : record.reason === 'connection lost' ? ' (connection lost)' : `: ${record.reason}`
 			notice(view, `${record.nick} left${why}`)
 			break
@@ -378,6 +591,7 @@ function onRecord(view, record) {
 		case 'renamed':
 			view.members.delete(record.old)
 			view.members.add(record.nick)
+			clearTyping(view, record.old)
 			if (record.old === view.nick) {
 				view.nick = record.nick
 				view.renaming = false
@@ -389,7 +603,7 @@ function onRecord(view, record) {
 			}
 			break
 		case 'dropped':
-			notice(view, `The server skipped ${record.count} messages for this page (it fell behind).`, 'bad')
+			notice(view, `The server skipped ${plural(record.count, 'message')} for this page (it fell behind).`, 'bad')
 			break
 		case 'error':
 			if (record.refused === 'say') notice(view, `Not sent: ${record.message}.`, 'bad')
@@ -398,7 +612,8 @@ function onRecord(view, record) {
 				view.nickRefusal = record.message
 				notice(view, `Your nick stays ${view.nick} here: ${record.message}.`, 'bad')
 				nickChanged()
-			} else if (record.closing) view.lastError = record.message // the reason of the close that follows
+			} else if (record.replaced) view.lastError = 'you joined it again in another tab or window'
+			else if (record.closing) view.lastError = record.message // the reason of the close that follows
 			else notice(view, `The server says: ${record.message}`, 'bad')
 			break
 	}
@@ -408,16 +623,37 @@ function onRecord(view, record) {
 	}
 }
 
+/** The server's summary before what we missed while the connection was away. */
+function caughtUp(view, record) {
+	if (record.lost === null || record.lost === undefined) {
+		notice(view, 'The server restarted: what was said here just before may be lost.', 'bad')
+	} else if (record.lost > 0) {
+		notice(view, `${plural(record.lost, 'message')} said while you were offline ${record.lost === 1 ? 'is' : 'are'} no longer on the server.`, 'bad')
+	}
+	if (record.missed > 0) {
+		divider(view, `${plural(record.missed, 'message')} while you were offline`, 'missed-mark')
+		view.away = true // that line says it; no "New since you left" line on top
+	}
+	view.catching = record.missed > 0 ? record.missed : 0
+	if (!view.catching) resend(view, view.channel)
+}
+
 /** The server closed the room (or refused a join again): the tab stays, with the reason. */
 function closeRoom(view, reason) {
 	view.channel?.cancel('closed')
 	view.channel = null
 	view.state = 'closed'
 	view.reason = reason
+	clearTyping(view)
+	for (const said of view.pending.values()) {
+		said.item.classList.remove('pending')
+		said.item.classList.add('failed')
+		said.item.querySelector('.when').textContent = 'Not sent'
+	}
+	view.pending.clear()
 	const rejoin = element('button', { type: 'button', className: 'rejoin' }, 'Rejoin')
 	rejoin.addEventListener('click', () => join(view.room))
-	const item = notice(view, `#${view.room} is closed: ${reason}.`, 'closed')
-	item.querySelector('.body').append(rejoin)
+	notice(view, `#${view.room} is closed: ${reason}.`, 'closed', rejoin)
 	drawTab(view)
 	if (state.active === view.room) {
 		drawComposer()
@@ -426,55 +662,115 @@ function closeRoom(view, reason) {
 	save()
 }
 
-function messageKey(record) {
-	return `${record.seq}/${record.ts}`
-}
-
-function message(view, record) {
-	const key = messageKey(record)
-	if (view.seen.has(key)) return // history we have shown already (a reconnect)
-	view.seen.add(key)
-	const own = record.nick === view.nick
+/** One message bubble: the sender and the time (shown once per minute group), the text with
+ * its links, and the time on hover or tap. */
+function bubble(view, { nick, own, date, body, className, data }) {
+	const time = clock(date)
+	const meta = element('div', { className: 'meta' }, element('span', { className: 'nick' }, own ? 'You' : nick), time)
+	if (!own) meta.style.setProperty('--who', nickColour(nick))
+	const side = element('span', { className: 'when' }, hhmm(date))
 	const item = element(
 		'li',
-		{ className: `msg${own ? ' own' : ''}${record.history ? ' history' : ''}`, 'data-nick': record.nick, 'data-seq': record.seq },
-		clock(record.ts),
-		element('span', { className: 'body' }, element('span', { className: 'nick' }, record.nick), element('span', { className: 'text' }, record.text)),
+		{ className: `${className}${own ? ' own' : ''}`, 'data-nick': nick, 'data-minute': String(Math.floor(date.getTime() / 60000)), 'data-day': date.toDateString(), title: date.toLocaleString() },
+		meta,
+		element('div', { className: 'row' }, element('div', { className: 'bubble' }, body), side),
 	)
-	const sent = own ? view.pending.get(record.text) : undefined
-	if (sent !== undefined) {
-		view.pending.delete(record.text)
-		item.dataset.rttMs = (performance.now() - sent).toFixed(1) // said -> back from the server
-	}
-	place(view, item, record.history)
-	if (!own && !record.history) bump(view)
-}
-
-function fileNotice(view, record) {
-	const key = messageKey(record)
-	if (view.seen.has(key)) return
-	view.seen.add(key)
-	const mine = record.nick === view.nick
-	const get = mine ? null : element('button', { type: 'button', className: 'get', 'data-name': record.name }, 'Download')
-	get?.addEventListener('click', () => download(record.name))
-	const who = mine ? 'You' : record.nick
-	const item = element(
-		'li',
-		{ className: 'notice file', 'data-name': record.name },
-		clock(record.ts),
-		element('span', { className: 'body' }, element('span', { className: 'text' }, `${who} put ${record.name} (${formatBytes(record.size)}) on the server`), get),
-	)
-	place(view, item, record.history)
-	if (record.nick !== view.nick && !record.history) bump(view)
-}
-
-function notice(view, text, kind = '') {
-	const item = element('li', { className: `notice ${kind}`.trim() }, clock(), element('span', { className: 'body' }, element('span', { className: 'text' }, text)))
-	place(view, item, false)
+	Object.assign(item.dataset, data)
 	return item
 }
 
-/** A line under the form: `topic` 'join' (joins refused, input refused) or 'nick' (renaming). */
+function message(view, record) {
+	showMessage(view, record)
+	if (record.missed) caughtOne(view) // after: ours, confirmed, is not sent again
+}
+
+function showMessage(view, record) {
+	const key = `${view.epoch}/${record.seq}`
+	if (view.seen.has(key)) return // history we have shown already (a room joined again)
+	if (!record.history && record.seq <= view.last) return // shown already: each message once
+	view.seen.add(key)
+	view.last = Math.max(view.last, record.seq)
+	const own = record.nick === view.nick
+	const said = own && record.id ? view.pending.get(record.id) : undefined
+	if (said) {
+		// Ours, back from the server: it takes its place in the room's order.
+		view.pending.delete(record.id)
+		const item = said.item
+		item.classList.remove('pending')
+		item.dataset.seq = record.seq
+		item.dataset.rttMs = (performance.now() - said.at).toFixed(1) // said -> back from the server
+		item.querySelector('.when').textContent = hhmm(when(record.ts))
+		if (record.missed) item.classList.add('missed')
+		place(view, item, { own: true })
+		return
+	}
+	const body = element('div', { className: 'text' }, ...linkify(record.text))
+	const classes = `msg${record.history ? ' history' : ''}${record.missed ? ' missed' : ''}`
+	const item = bubble(view, { nick: record.nick, own, date: when(record.ts), body, className: classes, data: { seq: record.seq } })
+	if (record.missed) item.title = `${item.title} · missed while you were offline`
+	place(view, item, { history: record.history, fresh: !own && !record.history, seq: record.seq })
+}
+
+/** A message we said: shown at once, marked as sending until the server relays it. */
+function ownBubble(view, text, id) {
+	const body = element('div', { className: 'text' }, ...linkify(text))
+	const item = bubble(view, { nick: view.nick, own: true, date: new Date(), body, className: 'msg pending', data: { id } })
+	item.querySelector('.when').textContent = 'Sending…'
+	place(view, item, { own: true })
+	return item
+}
+
+/** The server relayed our message `id` already (we did not see it: the connection went). */
+function confirmed(view, id, seq) {
+	const said = view.pending.get(id)
+	if (!said) return
+	view.pending.delete(id)
+	said.item.classList.remove('pending')
+	said.item.dataset.seq = seq
+	said.item.querySelector('.when').textContent = hhmm(new Date())
+}
+
+function fileNotice(view, record) {
+	showFile(view, record)
+	if (record.missed) caughtOne(view)
+}
+
+function showFile(view, record) {
+	const key = `${view.epoch}/${record.seq}`
+	if (view.seen.has(key)) return
+	if (!record.history && record.seq <= view.last) return
+	view.seen.add(key)
+	view.last = Math.max(view.last, record.seq)
+	const own = record.nick === view.nick
+	const get = own ? null : element('button', { type: 'button', className: 'get', 'data-name': record.name, disabled: !state.session }, 'Download')
+	get?.addEventListener('click', () => download(record.name))
+	const body = element(
+		'div',
+		{ className: 'file-card' },
+		element('span', { className: 'what' }, icon(FILE_ICON), element('span', { className: 'text' }, record.name)),
+		element('span', { className: 'size' }, formatBytes(record.size)),
+		get,
+	)
+	const classes = `file${record.history ? ' history' : ''}${record.missed ? ' missed' : ''}`
+	const item = bubble(view, { nick: record.nick, own, date: when(record.ts), body, className: classes, data: { name: record.name, seq: record.seq } })
+	item.setAttribute('aria-label', `${own ? 'You' : record.nick} shared ${record.name} (${formatBytes(record.size)})`)
+	place(view, item, { history: record.history, fresh: !own && !record.history, seq: record.seq })
+}
+
+function notice(view, text, kind = '', action = null) {
+	const item = element('li', { className: `notice ${kind}`.trim(), title: new Date().toLocaleString() }, clock(new Date()), element('span', { className: 'text' }, text), action)
+	place(view, item)
+	return item
+}
+
+function divider(view, text, kind = '') {
+	view.list.querySelector(`li.divider.${kind || 'new-mark'}`)?.remove() // one of each at a time
+	const item = element('li', { className: `divider ${kind || 'new-mark'}`, role: 'separator' }, text)
+	place(view, item)
+	return item
+}
+
+/** A line under the header: `topic` 'join' (joins refused, input refused) or 'nick' (renaming). */
 function alertLine(text, kind = 'bad', topic = 'join') {
 	let line = $(`#notice [data-topic="${topic}"]`)
 	if (!line) {
@@ -485,37 +781,131 @@ function alertLine(text, kind = 'bad', topic = 'join') {
 	line.className = kind
 }
 
-/** Add `item` to the room; history goes before the latest join notice. Keeps the view at the bottom if it was there. */
-function place(view, item, history) {
+/** Whether a person looks at `view` now. */
+function looking(view) {
+	return state.active === view.room && !document.hidden
+}
+
+/**
+ * Add `item` to the room: history goes before the latest join notice, the rest at the end.
+ * The list follows new items only while it shows its end (or for what we said); otherwise
+ * the "new messages" pill counts them. A message that comes while nobody looks gets a
+ * "New since you left" line before it (one per absence).
+ */
+function place(view, item, { history = false, fresh = false, own = false, seq = 0 } = {}) {
 	const box = $('#messages')
-	const atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 8
-	if (history && view.mark && view.mark.parentNode === view.list) view.list.insertBefore(item, view.mark)
-	else view.list.append(item)
-	if (atEnd && state.active === view.room) box.scrollTop = box.scrollHeight
+	const before = history && view.mark && view.mark.parentNode === view.list ? view.mark : null
+	if (fresh && !looking(view) && !view.away) {
+		divider(view, 'New since you left')
+		view.away = true
+	}
+	if (history && view.restoredRead !== undefined && seq > view.restoredRead && !view.newMarked) {
+		// After a reload: the first message this tab had not shown yet.
+		view.newMarked = true
+		const line = element('li', { className: 'divider new-mark', role: 'separator' }, 'New since you left')
+		view.list.insertBefore(line, before)
+	}
+	const after = item.parentNode === view.list ? item.nextElementSibling : null // ours, moving to its place
+	view.list.insertBefore(item, before)
+	if (after) regroup(after) // what followed it may continue the run before it now
+	dayLine(view, item)
+	regroup(item)
+	if (item.nextElementSibling) regroup(item.nextElementSibling)
+	if (fresh) bump(view)
+	if (state.active !== view.room) return
+	if (own || state.pinned) {
+		box.scrollTop = box.scrollHeight
+		state.pinned = true
+	} else if (fresh || item.classList.contains('notice')) {
+		// Scrolled back: what comes does not move what you read (connection notices neither).
+		if (fresh) view.below++
+		else view.belowNotices++
+		drawPill(view)
+	}
+	if (looking(view) && seq) view.read = Math.max(view.read, seq)
+}
+
+/** The sender and time show once per minute group: a message right after one of the same
+ * sender in the same minute continues it. */
+function regroup(item) {
+	if (!item.dataset?.minute) return
+	const previous = item.previousElementSibling
+	const same = previous && previous.dataset.minute === item.dataset.minute && previous.dataset.nick === item.dataset.nick && (previous.classList.contains('msg') || previous.classList.contains('file'))
+	item.classList.toggle('cont', Boolean(same))
+}
+
+/** A day's name before its first message, when it is not the previous message's day. */
+function dayLine(view, item) {
+	const day = item.dataset?.day
+	if (!day) return
+	let previous = item.previousElementSibling
+	while (previous && !previous.dataset.day && !previous.classList.contains('day')) previous = previous.previousElementSibling
+	if (previous?.classList.contains('day') ? previous.dataset.of === day : previous?.dataset.day === day) return
+	if (!previous && day === new Date().toDateString()) return // only today's messages: no line
+	const line = element('li', { className: 'day', role: 'separator', 'data-of': day }, dayName(new Date(day)))
+	view.list.insertBefore(line, item)
 }
 
 function bump(view) {
-	if (state.active === view.room && !document.hidden) return
+	if (looking(view)) return
 	view.unread++
 	drawTab(view)
 }
 
+function drawPill(view) {
+	const pill = $('#new-pill')
+	pill.hidden = !view || view.below + view.belowNotices === 0 || state.pinned
+	if (!pill.hidden) pill.textContent = view.below ? `↓ ${plural(view.below, 'new message')}` : '↓ Latest'
+}
+
+function toBottom() {
+	const box = $('#messages')
+	box.scrollTop = box.scrollHeight
+	state.pinned = true
+	const view = state.rooms.get(state.active)
+	if (view) view.below = view.belowNotices = 0
+	drawPill(view)
+}
+
+function onScroll() {
+	const box = $('#messages')
+	state.pinned = box.scrollTop + box.clientHeight >= box.scrollHeight - 24
+	const view = state.rooms.get(state.active)
+	if (view && state.pinned) view.below = view.belowNotices = 0
+	drawPill(view)
+}
+
 function select(room, focus = false) {
+	const previous = state.rooms.get(state.active)
+	if (previous && previous.room !== room) {
+		previous.scroll = state.pinned ? null : $('#messages').scrollTop
+		previous.away = false
+	}
 	state.active = room
-	$('#empty').hidden = state.rooms.size > 0
+	signedIn()
 	for (const view of state.rooms.values()) {
 		const on = view.room === room
 		view.list.hidden = !on
 		view.tab.setAttribute('aria-current', String(on))
 		view.select.setAttribute('aria-selected', String(on))
-		if (on) view.unread = 0
+		if (on) {
+			view.unread = 0
+			view.below = view.belowNotices = 0
+			if (!document.hidden) view.read = view.last
+		}
 		drawTab(view)
 	}
 	drawComposer()
 	drawMembers()
+	const view = state.rooms.get(room)
 	const box = $('#messages')
-	box.scrollTop = box.scrollHeight
-	if (focus && !$('#text').disabled) $('#text').focus()
+	if (view && view.scroll !== null) {
+		box.scrollTop = view.scroll
+		onScroll()
+	} else {
+		toBottom()
+	}
+	if (focus && !$('#text').disabled && !state.touch) $('#text').focus()
 	save()
 }
 
@@ -528,6 +918,7 @@ async function leave(room) {
 	const channel = view.channel
 	view.channel = null
 	view.state = 'left'
+	if (!state.rooms.size) ($('#room').value = room), $('#nick').focus()
 	if (!channel) return
 	try {
 		await channel.write(encodeRecord({ type: 'leave' }))
@@ -541,8 +932,9 @@ function forget(view) {
 	state.rooms.delete(view.room)
 	view.tab.remove()
 	view.list.remove()
+	clearTyping(view)
 	if (state.active === view.room) state.active = null
-	$('#empty').hidden = state.rooms.size > 0
+	signedIn()
 	drawComposer()
 	drawMembers()
 	save()
@@ -554,7 +946,7 @@ function forget(view) {
 function tooLong(text) {
 	const n = characters(text)
 	if (n > MAX_TEXT) return `This message has ${count(n)} characters; a message has at most ${count(MAX_TEXT)}.`
-	if (encodeRecord({ type: 'say', text }).length - 4 > MAX_RECORD) return `This message is too large to send (${formatBytes(new TextEncoder().encode(text).length)}).`
+	if (encodeRecord({ type: 'say', text, id: 'x'.repeat(16) }).length - 4 > MAX_RECORD) return `This message is too large to send (${formatBytes(new TextEncoder().encode(text).length)}).`
 	return ''
 }
 
@@ -586,11 +978,26 @@ function checkDraft() {
 
 function fitText() {
 	const text = $('#text')
+	const pinned = state.pinned
 	text.style.height = 'auto'
 	text.style.height = `${Math.min(text.scrollHeight + 2, 160)}px`
 	text.style.overflowY = text.scrollHeight + 2 > 160 ? 'auto' : 'hidden'
+	if (pinned) $('#messages').scrollTop = $('#messages').scrollHeight
 }
 
+/** Tell the room we are typing (at most every few seconds). */
+function typing() {
+	const view = state.rooms.get(state.active)
+	if (!view || view.state !== 'joined' || !view.channel || !$('#text').value.trim()) return
+	const now = performance.now()
+	if (now - view.typedAt < TYPING_EVERY) return
+	view.typedAt = now
+	view.channel.write(encodeRecord({ type: 'typing' })).catch(() => {})
+}
+
+/** Say `text` in the room shown: it shows at once, as sending, until the server relays it.
+ * Written with an id: if the connection goes first, it is sent again once back, and the
+ * server relays it once. */
 async function say(text) {
 	const view = state.rooms.get(state.active)
 	if (!view || view.state !== 'joined' || !text.trim()) return false
@@ -599,24 +1006,34 @@ async function say(text) {
 		checkDraft()
 		return false
 	}
-	view.pending.set(text, performance.now())
+	const id = randomId()
+	const channel = view.channel
+	view.pending.set(id, { text, item: ownBubble(view, text, id), at: performance.now() })
+	view.typedAt = 0
 	try {
-		await view.channel.write(encodeRecord({ type: 'say', text }))
-		return true
+		await channel.write(encodeRecord({ type: 'say', text, id }))
 	} catch (error) {
-		view.pending.delete(text)
-		notice(view, `Not sent (${plain(error)}): ${text.length > 80 ? `${text.slice(0, 80)}…` : text}`, 'bad')
-		return false
+		if (!channel.session.error) {
+			// Not the connection: the room is closing. Say so; the text goes back to the box.
+			view.pending.get(id)?.item.remove()
+			view.pending.delete(id)
+			notice(view, `Not sent (${plain(error)}): ${text.length > 80 ? `${text.slice(0, 80)}…` : text}`, 'bad')
+			return false
+		}
+		// The connection went: sent again once the room is joined again.
 	}
+	return true
 }
 
 // -- the nick ---------------------------------------------------------------------------------
 
-/** The nick typed in the form; it applies to every room joined (renamed there). */
+/** The nick of the form or of the chip; it applies to every room joined (renamed there). */
 function setNick(nick) {
 	if (nick === state.nick) return
 	state.nick = nick
 	localStorage.setItem('polymux-webchat-nick', nick)
+	$('#me-name').textContent = nick
+	$('#me-initial').textContent = [...nick][0] ?? ''
 	const joined = [...state.rooms.values()].filter(view => view.state === 'joined' && view.nick !== nick)
 	if (joined.length) alertLine(`Changing your nick to ${nick} in ${joined.map(v => `#${v.room}`).join(', ')}…`, 'info', 'nick')
 	for (const view of joined) {
@@ -634,6 +1051,10 @@ function nickChanged() {
 	const where = views => views.map(v => `#${v.room}`).join(', ')
 	if (!stuck.length) {
 		alertLine(joined.length ? `You are ${state.nick} in ${where(joined)}.` : '', 'info', 'nick')
+		setTimeout(() => {
+			const line = $('#notice [data-topic="nick"]')
+			if (line?.classList.contains('info')) line.textContent = ''
+		}, 4000)
 	} else if (stuck.length === joined.length && new Set(stuck.map(v => v.nick)).size === 1) {
 		const why = stuck.map(v => v.nickRefusal).find(Boolean) || `${state.nick} cannot be used`
 		state.nick = stuck[0].nick
@@ -645,6 +1066,8 @@ function nickChanged() {
 		const why = stuck.map(v => `${v.nick} in #${v.room}${v.nickRefusal ? ` (${v.nickRefusal})` : ''}`).join(', ')
 		alertLine(`You are ${state.nick} in ${where(joined.filter(v => !stuck.includes(v)))}, but still ${why}.`, 'bad', 'nick')
 	}
+	$('#me-name').textContent = state.nick
+	$('#me-initial').textContent = [...state.nick][0] ?? ''
 	drawComposer()
 	drawMembers()
 }
@@ -652,13 +1075,15 @@ function nickChanged() {
 // -- keeping this tab's rooms across a reload ---------------------------------------------------
 
 function save() {
-	const rooms = [...state.rooms.values()].filter(v => v.state !== 'closed').map(v => v.room)
-	sessionStorage.setItem('polymux-webchat', JSON.stringify({ nick: state.nick, rooms, active: state.active }))
+	const views = [...state.rooms.values()].filter(v => v.state !== 'closed')
+	const rooms = views.map(v => v.room)
+	const read = Object.fromEntries(views.filter(v => v.epoch).map(v => [v.room, { epoch: v.epoch, seq: v.read }]))
+	sessionStorage.setItem('polymux-webchat', JSON.stringify({ nick: state.nick, rooms, active: state.active, read, token: state.token }))
 }
 
 function restore() {
 	const params = new URLSearchParams(location.search)
-	if (params.get('nick')) return { nick: params.get('nick').trim(), rooms: (params.get('room') || 'lobby').split(',').map(r => r.trim().replace(/^#/, '')).filter(Boolean), active: null }
+	if (params.get('nick')) return { nick: params.get('nick').trim(), rooms: (params.get('room') || 'lobby').split(',').map(r => r.trim().replace(/^#/, '')).filter(Boolean), active: null, link: true }
 	try {
 		const saved = JSON.parse(sessionStorage.getItem('polymux-webchat') || 'null')
 		if (saved && typeof saved.nick === 'string') return saved
@@ -666,6 +1091,29 @@ function restore() {
 		// nothing usable saved
 	}
 	return { nick: localStorage.getItem('polymux-webchat-nick') || '', rooms: [], active: null }
+}
+
+// -- people and files on a narrow screen: a panel over the chat ----------------------------------
+
+function openSide(panel) {
+	document.body.dataset.panel = panel
+	document.body.classList.add('side-open')
+	$('#tab-people').setAttribute('aria-selected', String(panel === 'people'))
+	$('#tab-files').setAttribute('aria-selected', String(panel === 'files'))
+	if (panel === 'files') {
+		state.newFiles = 0
+		$('#files-count').textContent = ''
+	}
+	$('#close-side').focus()
+}
+
+function closeSide() {
+	if (!document.body.classList.contains('side-open')) return
+	document.body.classList.remove('side-open')
+}
+
+function narrow() {
+	return matchMedia('(max-width: 760px)').matches
 }
 
 // -- file transfers ---------------------------------------------------------------------------
@@ -686,7 +1134,7 @@ class Transfer {
 		this.stop.addEventListener('click', () => this.cancel())
 		const arrow = kind === 'upload' ? '↑' : '↓'
 		this.title = element('span', { className: 'name', title: name }, `${arrow} ${name}`)
-		this.row = element('li', { className: 'transfer', 'data-kind': kind, 'data-name': name, 'data-state': 'starting' }, element('div', { className: 'row' }, this.title, this.pause, this.stop), this.bar, this.info)
+		this.row = element('li', { className: 'transfer', 'data-kind': kind, 'data-name': name, 'data-state': 'starting' }, element('div', { className: 'head' }, this.title, this.pause, this.stop), this.bar, this.info)
 		$('#transfers').prepend(this.row)
 		state.transfers.push(this)
 		drawTransfers()
@@ -768,7 +1216,7 @@ class Transfer {
 		else if (this.paused) text = `${of} · paused`
 		else if (this.state === 'running') {
 			const speed = this.speed()
-			if (speed !== null) text = `${of} · ${speed.toFixed(1)} MB/s`
+			if (speed !== null) text = `${of} · ${speed.toFixed(speed < 100 ? 1 : 0)} MB/s`
 		}
 		this.info.textContent = text + extra
 	}
@@ -784,8 +1232,10 @@ class Transfer {
 		const mbps = this.activeMs > 0 ? this.moved / this.activeMs / 1000 : 0
 		Object.assign(this.row.dataset, { done: this.done, sha256, ms: this.activeMs.toFixed(1), mbps: mbps.toFixed(2) })
 		this.end()
-		const speed = this.moved >= 1 << 20 ? ` · ${mbps.toFixed(1)} MB/s` : ''
-		this.info.textContent = `${formatBytes(this.size)} · SHA-256 ${sha256.slice(0, 12)}… verified${speed}${note}`
+		const speed = this.moved >= 1e6 ? ` · ${mbps.toFixed(mbps < 100 ? 1 : 0)} MB/s` : ''
+		// Checked end to end; the hash itself only for those who ask.
+		const check = element('details', {}, element('summary', {}, 'verified ✓'), element('code', {}, `SHA-256 ${sha256}`))
+		this.info.replaceChildren(`${formatBytes(this.size)}${speed}${note} · `, check)
 	}
 
 	fail(error) {
@@ -864,7 +1314,7 @@ async function* blobChunks(blob) {
 }
 
 function expect(record, type, what) {
-	if (!record) throw new Error(`the server closed the channel ${what}`)
+	if (!record) throw new Error(`the server ended the transfer ${what}`)
 	if (record.type === 'error') throw Object.assign(new Error(record.message), { code: record.code, refusal: `the server refused: ${record.message}` })
 	if (record.type !== type) throw new Error(`expected ${type}, got ${record.type}`)
 	return record
@@ -955,7 +1405,7 @@ function download(name) {
 		parts = []
 		t.finish(digest, offset ? ` · resumed at ${formatBytes(offset)}` : '')
 		const save = element('a', { href: t.url, download: name.split('/').pop(), className: 'save' }, 'Save again')
-		t.row.querySelector('.row').append(save)
+		t.row.querySelector('.head').append(save)
 		save.click()
 	})
 }
@@ -966,18 +1416,21 @@ function showFiles(answer) {
 	const before = state.listed ? new Set(state.files.map(f => f.name)) : null
 	state.files = answer.files
 	state.listed = true
+	let fresh = 0
 	const rows = answer.files.map(file => {
-		const link = element('a', { href: '#', className: 'get', 'data-name': file.name, title: `Download ${file.name}` }, element('span', { className: 'name' }, file.name), element('span', { className: 'size' }, formatBytes(file.size)))
-		link.addEventListener('click', event => {
-			event.preventDefault()
-			download(file.name)
-		})
-		const fresh = before !== null && !before.has(file.name) // new since the list was last shown
-		return element('li', { 'data-name': file.name, 'data-size': file.size, className: fresh ? 'fresh' : '' }, link)
+		const get = element('button', { type: 'button', className: 'get', 'data-name': file.name, title: `Download ${file.name}`, disabled: !state.session }, element('span', { className: 'name' }, file.name), element('span', { className: 'size' }, formatBytes(file.size)))
+		get.addEventListener('click', () => download(file.name))
+		const isNew = before !== null && !before.has(file.name) // new since the list was last shown
+		if (isNew) fresh++
+		return element('li', { 'data-name': file.name, 'data-size': file.size, className: isNew ? 'fresh' : '' }, get)
 	})
-	if (!rows.length) rows.push(element('li', { className: 'empty' }, 'No files yet: drop one on the page.'))
+	if (!rows.length) rows.push(element('li', { className: 'empty' }, 'No files yet: share one with the paper clip.'))
 	if (answer.truncated) rows.push(element('li', { className: 'empty' }, `Showing the first ${answer.files.length} files.`))
 	$('#listing').replaceChildren(...rows)
+	if (fresh && narrow() && !(document.body.classList.contains('side-open') && document.body.dataset.panel === 'files')) {
+		state.newFiles = (state.newFiles || 0) + fresh
+		$('#files-count').textContent = String(state.newFiles)
+	}
 }
 
 /** The live file list: the server sends it now and after every upload, until the connection goes. */
@@ -1012,6 +1465,7 @@ async function refreshFiles() {
 	}
 }
 
+
 // -- wiring -----------------------------------------------------------------------------------
 
 $('#join').addEventListener('submit', event => {
@@ -1030,14 +1484,45 @@ $('#join').addEventListener('submit', event => {
 	setNick(nick)
 	join(room)
 })
-$('#nick').addEventListener('change', () => {
-	const nick = $('#nick').value.trim()
-	const joined = [...state.rooms.values()].some(view => view.state === 'joined')
-	if (!joined || nick === state.nick) return
+
+function openDialog(dialog, input, value) {
+	dialog.querySelector('.problem').textContent = ''
+	input.value = value
+	dialog.showModal()
+	input.focus()
+	input.select()
+}
+for (const dialog of document.querySelectorAll('dialog')) {
+	dialog.querySelector('.cancel').addEventListener('click', () => dialog.close())
+	dialog.addEventListener('click', event => event.target === dialog && dialog.close()) // the backdrop
+}
+$('#add-room').addEventListener('click', () => openDialog($('#room-dialog'), $('#new-room'), ''))
+$('#join-room').addEventListener('submit', event => {
+	event.preventDefault()
+	const room = $('#new-room').value.trim().replace(/^#/, '')
+	const problem = labelProblem('room name', room)
+	if (problem) {
+		$('#room-dialog .problem').textContent = problem
+		return $('#new-room').focus()
+	}
+	$('#room-dialog').close()
+	alertLine('')
+	join(room)
+})
+$('#me').addEventListener('click', () => openDialog($('#nick-dialog'), $('#new-nick'), state.nick))
+$('#rename').addEventListener('submit', event => {
+	event.preventDefault()
+	const nick = $('#new-nick').value.trim()
 	const problem = labelProblem('nick', nick)
-	if (problem) return alertLine(`${problem} Your nick stays ${state.nick}.`, 'bad', 'nick')
+	if (problem) {
+		$('#nick-dialog .problem').textContent = `${problem} Your nick stays ${state.nick}.`
+		return $('#new-nick').focus()
+	}
+	$('#nick-dialog').close()
+	$('#nick').value = nick
 	setNick(nick)
 })
+
 $('#say').addEventListener('submit', async event => {
 	event.preventDefault()
 	const text = $('#text').value
@@ -1045,17 +1530,27 @@ $('#say').addEventListener('submit', async event => {
 	if (tooLong(text)) return checkDraft()
 	$('#text').value = ''
 	checkDraft()
+	if (state.touch) $('#text').focus() // the keyboard stays up for the next message
 	if (!(await say(text)) && !$('#text').value) {
 		$('#text').value = text // not sent: keep it for another try
 		checkDraft()
 	}
 })
-$('#text').addEventListener('input', checkDraft)
+$('#text').addEventListener('input', () => {
+	checkDraft()
+	typing()
+})
 $('#text').addEventListener('keydown', event => {
-	if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+	// Enter sends on a keyboard (Shift+Enter: a new line); on a touch screen Enter is a new
+	// line and the Send button sends, as in phone chat apps (their keyboards have no Shift+Enter).
+	if (event.key === 'Enter' && !event.shiftKey && !event.isComposing && !state.touch) {
 		event.preventDefault()
 		$('#say').requestSubmit()
 	}
+})
+coarse.addEventListener('change', () => {
+	state.touch = coarse.matches
+	drawComposer()
 })
 $('#retry').addEventListener('click', () => {
 	state.attempt = 0
@@ -1063,14 +1558,62 @@ $('#retry').addEventListener('click', () => {
 })
 window.addEventListener('online', () => connectNow())
 document.addEventListener('visibilitychange', () => {
-	if (document.hidden) return
 	const view = state.rooms.get(state.active)
+	if (document.hidden) {
+		if (view) view.away = false // what comes while hidden gets its "New since you left" line
+		save()
+		return
+	}
 	if (view) {
 		view.unread = 0
+		view.read = view.last
 		drawTab(view)
 	}
 	if (!state.session && state.timer) connectNow()
 })
+window.addEventListener('pagehide', save)
+$('#messages').addEventListener('scroll', onScroll, { passive: true })
+$('#new-pill').addEventListener('click', toBottom)
+// The list keeps showing the newest message when it shrinks (a phone's keyboard comes up).
+new ResizeObserver(() => {
+	if (state.pinned) $('#messages').scrollTop = $('#messages').scrollHeight
+}).observe($('#messages'))
+// A tap on a message shows its time (a mouse shows it on hover).
+$('#messages').addEventListener('click', event => {
+	if (event.target.closest('a, button')) return
+	const item = event.target.closest('li.msg, li.file')
+	if (!item) return
+	for (const other of document.querySelectorAll('#messages li.show-time')) if (other !== item) other.classList.remove('show-time')
+	item.classList.toggle('show-time')
+})
+
+/** The page's height is what the keyboard leaves (the visual viewport): the message box
+ * stays on its top edge. */
+function fitViewport() {
+	const vv = window.visualViewport
+	if (!vv || Math.abs(vv.scale - 1) > 0.01) return // zoomed in: leave the layout alone
+	document.documentElement.style.setProperty('--app-height', `${Math.round(vv.height)}px`)
+	if (vv.offsetTop) window.scrollTo(0, 0)
+}
+window.visualViewport?.addEventListener('resize', fitViewport)
+window.addEventListener('resize', fitViewport)
+fitViewport()
+
+$('#open-people').addEventListener('click', () => openSide('people'))
+$('#open-files').addEventListener('click', () => openSide('files'))
+$('#tab-people').addEventListener('click', () => openSide('people'))
+$('#tab-files').addEventListener('click', () => openSide('files'))
+$('#close-side').addEventListener('click', closeSide)
+document.addEventListener('keydown', event => {
+	if (event.key === 'Escape' && document.body.classList.contains('side-open')) closeSide()
+})
+
+function pickFiles() {
+	closeSide()
+	$('#pick').click()
+}
+$('#attach').addEventListener('click', pickFiles)
+$('#upload').addEventListener('click', pickFiles)
 $('#pick').addEventListener('change', event => {
 	for (const file of event.target.files) upload(file)
 	event.target.value = ''
@@ -1079,44 +1622,52 @@ $('#pick').addEventListener('change', event => {
 const drop = $('#drop')
 window.addEventListener('dragover', event => {
 	event.preventDefault()
-	drop.classList.add('over')
+	const view = state.rooms.get(state.active)
+	drop.firstElementChild.textContent = view && view.state === 'joined' ? `Drop files to share them in #${view.room}` : 'Drop files to put them on the server'
+	drop.hidden = false
 })
 window.addEventListener('dragleave', event => {
-	if (!event.relatedTarget) drop.classList.remove('over')
+	if (!event.relatedTarget) drop.hidden = true
 })
 window.addEventListener('drop', event => {
 	event.preventDefault()
-	drop.classList.remove('over')
+	drop.hidden = true
 	if (!state.session) return alertLine('Not connected: drop the files again once the connection is back.')
 	for (const file of event.dataTransfer.files) upload(file)
 })
 $('#refresh').addEventListener('click', refreshFiles)
 $('#clear').addEventListener('click', clearFinished)
 
-Object.assign(state, { join, say, leave, upload, download, refreshFiles, connectNow, formatBytes })
+Object.assign(state, { join, say, leave, upload, download, refreshFiles, connectNow, formatBytes, linkify })
 
 function start() {
 	const saved = restore()
+	const reloaded = performance.getEntriesByType('navigation')[0]?.type === 'reload'
+	// A reload takes its token back: its new channels replace those the server still holds.
+	// A new tab (or a copied one) gets its own.
+	state.token = reloaded && typeof saved.token === 'string' ? saved.token : randomId(16)
 	state.nick = saved.nick || ''
 	$('#nick').value = state.nick
 	setOnline(false)
-	select(null)
 	for (const room of saved.rooms || []) {
 		if (labelProblem('room name', room) || state.rooms.has(room)) continue
 		const view = makeView(room)
 		view.state = 'waiting'
-		view.restored = true
+		view.restored = reloaded || !saved.link // back after a reload (not a first visit by a link)
+		const read = saved.read?.[room]
+		if (read && Number.isInteger(read.seq)) Object.assign(view, { restoredRead: read.seq, restoredEpoch: read.epoch, read: read.seq })
 		state.rooms.set(room, view)
 		$('#rooms').append(view.tab)
 		$('#messages').append(view.list)
 	}
-	if (state.rooms.size) select(saved.active && state.rooms.has(saved.active) ? saved.active : state.rooms.keys().next().value)
+	select(state.rooms.size ? (saved.active && state.rooms.has(saved.active) ? saved.active : state.rooms.keys().next().value) : null)
 	if (state.rooms.size && labelProblem('nick', state.nick)) {
 		alertLine(labelProblem('nick', state.nick))
 		for (const view of [...state.rooms.values()]) forget(view)
 	}
-	;(state.nick ? $('#text') : $('#nick')).focus()
-	if (state.nick && !state.rooms.size) $('#room').focus()
+	if (!state.rooms.size) (state.nick ? $('#room') : $('#nick')).focus()
+	else if (!state.touch) $('#text').focus()
+	checkLiveness()
 	connectNow()
 }
 
