@@ -229,7 +229,7 @@ MIN_MAX_MEMORY = 1024 * 1024
 """The smallest ``--max-memory`` the commands take."""
 
 
-def add_server_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def add_server_options(group: argparse._ActionsContainer) -> None:
     """``--max-memory`` and ``--max-connections-per-address``, as every command that
     serves takes them (``serve``, ``bridge``, the file receiver, the chat servers); unset,
     the server's defaults hold (:func:`server_options`)."""

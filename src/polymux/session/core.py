@@ -300,7 +300,11 @@ class SessionCore:
             # The peer sends frames that need answers and does not read them.
             pressure.block(BACKLOG, True)
         return (
-            beat or bool(self.pending) or pressure.bits != bits or engine.has_output or bool(self.scheduler.ready)
+            beat
+            or bool(self.pending)
+            or pressure.bits != bits
+            or engine.has_output
+            or bool(self.scheduler.ready)
         )
 
     def _behind(self) -> None:
