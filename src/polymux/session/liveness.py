@@ -505,7 +505,8 @@ class Liveness:
             SessionClosed(
                 f"{self.format}: keepalive failed: nothing from the peer for {now - self.rx_at:.3g} s "
                 f"(its heartbeats or pings came every {self.beat_gap:.3g} s; keepalive_timeout="
-                f"{self.config.keepalive_timeout:g}): the connection is gone"
+                f"{self.config.keepalive_timeout:g}): the connection is gone",
+                ending=SessionClosed.VANISHED,
             )
         )
 
