@@ -303,6 +303,14 @@ async def soak(
             await asyncio.sleep(1.0)
             quiet = await server.stats()
         end = Sample("end (quiet)", quiet, _client_stats(), tally.echoes, tally.files, tally.errors)
+        if os.environ.get("POLYMUX_SOAK_DEBUG"):
+            import collections
+
+            names = collections.Counter(
+                getattr(t.get_coro(), "__qualname__", repr(t.get_coro())) for t in asyncio.all_tasks()
+            )
+            print("client tasks at the end:", names.most_common(12), flush=True)
+            print("pending workers:", len(pending), flush=True)
         samples.append(end)
         if progress:
             print(_row(end), flush=True)

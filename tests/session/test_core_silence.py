@@ -79,6 +79,18 @@ def test_the_first_heartbeat_follows_our_first_frame_and_the_peers_then_every_in
     assert not a.failed and not b.failed
 
 
+def test_the_first_heartbeat_rides_with_our_first_frame() -> None:
+    """The drivers ask next_deadline() before they write: our first frame waiting, the
+    heartbeat is queued behind it, to go in the same write (a peer of another format that
+    reads the frame and closes finds nothing of ours still coming)."""
+    a, _b = pair("mplex", **KEEPALIVE)
+    a.open_channel("x")
+    assert a.next_deadline() == 15.0
+    sent = drain(a)
+    assert sent.endswith(heartbeat("mplex")) and not sent.startswith(heartbeat("mplex"))
+    assert not a.liveness.beat_first
+
+
 def test_a_session_that_sends_nothing_heartbeats_after_a_period() -> None:
     a, _b = pair("mplex", **KEEPALIVE)
     a.handle_timer(15.0)
@@ -124,8 +136,8 @@ def test_a_peer_that_heartbeats_then_goes_silent_is_gone_after_interval_plus_tim
     failed = one(b.events(), ce.Failed)
     assert isinstance(failed.error, SessionClosed)
     assert str(failed.error) == (
-        "mstream-v3: keepalive failed: nothing from the peer for 25 s (its heartbeats or pings came "
-        "every 15 s; keepalive_timeout=10): the connection is gone"
+        "mstream-v3: keepalive failed: nothing from the peer for 25 s (it sends a heartbeat or a ping "
+        "at least every 15 s; keepalive_timeout=10): the connection is gone"
     )
     assert b.next_deadline() is None  # over: the driver closes the connection
 
@@ -223,6 +235,11 @@ def test_omnistreams_over_websocket_sends_no_heartbeat() -> None:
     c.handle_timer(15.0)  # the engine has none to send: no more tries
     assert not c.liveness.beating and c.liveness.beat_due is None
     assert not c.has_output
+    d = SessionCore(make_engine("omnistreams", cfg, is_client=True, message_mode=True), cfg, 0.0)
+    d.connection_made(0.0)
+    d.open_channel("x")
+    d.next_deadline()  # (its first frame waits: no heartbeat to go with it)
+    assert not d.liveness.beating and len(d.data_to_send()) == 1
 
 
 def test_without_keepalive_nothing_is_sent_nor_judged() -> None:

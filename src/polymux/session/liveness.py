@@ -229,7 +229,9 @@ class Liveness:
 
     def next_deadline(self, quiet: bool) -> float | None:
         """The first of our deadlines (``quiet``: no channels and no error, so
-        ``idle_timeout`` runs)."""
+        ``idle_timeout`` runs). The drivers ask after every change, before they write: when
+        our first frame waits to be written, our first heartbeat is queued behind it here,
+        to go in the same write (:meth:`_first_beat`)."""
         if self.host.failed:
             return None  # over: the driver closes the connection
         timeout = self.config.idle_timeout
@@ -239,8 +241,11 @@ class Liveness:
         # Held back by the server's memory: look again soon (MemoryAccount).
         recheck = self.host.now + RECHECK if self.pressure.bits & SHARED else None
         due = self.beat_due  # (no list, no call: the drivers ask after every read)
-        if self.beat_first and self.bytes_out and self.heard:
-            due = self.host.now  # both sides spoke the format: our first heartbeat now
+        if self.beat_first:
+            if not self.bytes_out and self.engine.has_output:
+                self._ride()  # our first frame waits to be written: the heartbeat goes with it
+            elif self.bytes_out and self.heard:
+                due = self.host.now  # both sides spoke the format: our first heartbeat now
         for when in (
             self.handshake_at,
             self.stall_at,
@@ -446,13 +451,22 @@ class Liveness:
     # -- heartbeats and silence ----------------------------------------------------------------
 
     def _first_beat(self, now: float) -> None:
-        """Our first heartbeat goes as soon as we have sent a frame and heard one: never
-        before our first frame (the first bytes of each direction stay the format's own,
-        for the peer's and a tracer's detection of the format), never to a peer that has not
-        spoken the format (it may be something else, about to close); or one period from
-        now."""
+        """Our first heartbeat goes in the same write as our first frame (never before it:
+        the first bytes of each direction stay the format's own, for the peer's and a
+        tracer's detection of the format; and in the same write, so that a peer of another
+        format that reads our frame and closes does not find bytes of ours still coming,
+        which would turn its close into a reset). If our first frame left without it, as
+        soon as both sides have spoken the format; else one period from now."""
         self.beat_first = True
         self.beat_due = now + min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
+
+    def _ride(self) -> None:
+        """Queue our first heartbeat behind our first frame (see :meth:`_first_beat`)."""
+        self.beat_first = False
+        self.engine.now = self.host.now
+        if not self.engine.heartbeat():
+            self.beating = False
+            self.beat_due = None
 
     def _beat(self, now: float) -> None:
         """Send a heartbeat (and the next in ``keepalive_interval``, at most
@@ -501,11 +515,12 @@ class Liveness:
             self.beat_unread = bool(self.pressure.bits)
             self.rx_at = now
             return
+        timeout = self.config.keepalive_timeout
         self.host.fail(
             SessionClosed(
                 f"{self.format}: keepalive failed: nothing from the peer for {now - self.rx_at:.3g} s "
-                f"(its heartbeats or pings came every {self.beat_gap:.3g} s; keepalive_timeout="
-                f"{self.config.keepalive_timeout:g}): the connection is gone",
+                f"(it sends a heartbeat or a ping at least every {self.silence_bound() - timeout:.3g} s; "
+                f"keepalive_timeout={timeout:g}): the connection is gone",
                 ending=SessionClosed.VANISHED,
             )
         )
