@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import os
 import random
@@ -54,7 +55,14 @@ OP_TIMEOUT = 180.0
 # -- the server process ------------------------------------------------------------------------
 
 
+def _quiet_logs() -> None:
+    """The proxy's cuts end sessions by the hundred (each logged as a warning): only errors."""
+    for name in ("polymux", "asyncio"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _server_child(formats: list[str], conn: Connection) -> None:
+    _quiet_logs()
     asyncio.run(_serve(formats, conn))
 
 
@@ -249,6 +257,7 @@ async def soak(
     formats: list[str], minutes: float, seed: int, progress: bool = True
 ) -> tuple[list[Sample], list[str]]:
     """Run the soak; returns the samples and the problems (none: it passed)."""
+    _quiet_logs()
     rng = random.Random(seed)
     server = ServerProcess(formats)
     ports = await server.start()
