@@ -40,7 +40,9 @@ from benchmarks.peer import Peer
 from polymux.apps.common import size_type
 
 
-SCENARIOS = ("bulk", "messages", "rr", "churn", "scale", "slow", "tracing")
+SCENARIOS = ("bulk", "messages", "rr", "churn", "scale", "slow", "tracing", "soak")
+DEFAULT_SCENARIOS = SCENARIOS[:-1]
+"""What runs without ``--scenarios``: all but the soak, which runs for minutes."""
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -106,9 +108,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scenarios",
         type=lambda v: _list(v, SCENARIOS, "scenario"),
-        default=list(SCENARIOS),
-        help=f"comma-separated (default all: {','.join(SCENARIOS)})",
+        default=list(DEFAULT_SCENARIOS),
+        help=f"comma-separated (default all but soak: {','.join(DEFAULT_SCENARIOS)}); soak: clients of "
+        "every format through a fault proxy for --minutes, failing when the server's memory, file "
+        "descriptors, tasks or sessions grow",
     )
+    p.add_argument(
+        "--minutes", type=float, default=5.0, help="how long the soak runs (default 5; the issue's run: 30)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="the soak's seed (faults and sizes; default 1)")
     p.add_argument("--loops", type=lambda v: _list(v, LOOPS, "loop"), default=list(LOOPS))
     p.add_argument("--transports", type=lambda v: _list(v, TRANSPORTS, "transport"), default=list(TRANSPORTS))
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -275,6 +283,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit("--repeat, --bulk-size, --messages and --seconds must be positive")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    status = 0
+    if "soak" in args.scenarios:
+        if args.minutes <= 0:
+            raise SystemExit("--minutes must be positive")
+        from benchmarks import soak
+
+        status = soak.run(args.formats, args.minutes, out, args.seed, progress=not args.quiet)
+        args.scenarios = [s for s in args.scenarios if s != "soak"]
+        if not args.scenarios:
+            return status
     versions = {"python": platform.python_version(), "polymux": polymux.__version__}
     if "uvloop" in args.loops:
         import uvloop
@@ -332,4 +350,4 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             f"\nwrote {out / 'results.md'}, {out / 'results.json'} and {len(pngs)} plots in {meta['seconds']} s"
         )
         print((out / "results.md").read_text())
-    return 1 if any(r.errors for r in rows) else 0
+    return 1 if status or any(r.errors for r in rows) else 0

@@ -68,7 +68,7 @@ from polymux.aio import (
     start_server,
     start_unix_server,
 )
-from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, SessionHandler
+from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, SessionHandler
 from polymux.aio.session import ChannelHandler
 from polymux.config import COMPATIBILITY_FIELDS, SessionConfig
 from polymux.exceptions import ChannelReset, PolymuxError
@@ -347,7 +347,13 @@ class Bridge:
             await self._carry(link, reader, writer, from_far=True)
 
         async with asyncio.timeout(cfg.handshake_timeout):
-            return await connect_endpoint(endpoint, protocol=self._far, config=cfg, handler=handler)
+            far = await connect_endpoint(endpoint, protocol=self._far, config=cfg, handler=handler)
+        memory = self.server.memory if self.server is not None else None
+        if memory is not None:  # max_memory: the pair's both sessions count
+            budget = far.mux.core.budget
+            budget.join(memory)
+            far.mux.closed.add_done_callback(lambda _f: budget.leave())
+        return far
 
     async def _near_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = cast(Session, writer.get_extra_info("session"))
@@ -500,7 +506,7 @@ class Bridge:
 
     # -- the server ------------------------------------------------------------------------------
 
-    async def _start(self, max_connections: int | None) -> None:
+    async def _start(self, max_connections: int | None, limits: dict[str, Any] | None = None) -> None:
         endpoint = self.listen
         if endpoint.transport == "ws" and endpoint.uri is not None and endpoint.uri.startswith("wss:"):
             raise ValueError(
@@ -513,6 +519,7 @@ class Bridge:
             config=self.listen_config,
             session_handler=self._session_ready,
             max_connections=max_connections,
+            **(limits or {}),
         )
 
     @property
@@ -654,17 +661,22 @@ async def listen_endpoint(
     session_handler: SessionHandler | None = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     ssl: Any = None,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> tuple[Server, Endpoint]:
     """A server on ``endpoint`` (TCP, unix socket or WebSocket) whose incoming channels run
     ``handler``; returns it with the endpoint it really listens on (the port chosen for
     port 0; a WebSocket URI with that port, ``wss://`` with ``ssl``). ``ssl``: a server
-    ``ssl.SSLContext`` (TLS on any transport)."""
+    ``ssl.SSLContext`` (TLS on any transport); ``max_memory`` and
+    ``max_connections_per_address``: see :func:`polymux.start_server`."""
     fmt = endpoint.protocol if protocol is None else protocol
     common: dict[str, Any] = {
         "protocol": fmt,
         "config": config,
         "session_handler": session_handler,
         "max_connections": max_connections,
+        "max_memory": max_memory,
+        "max_connections_per_address": max_connections_per_address,
     }
     if ssl is not None:
         common["ssl"] = ssl
@@ -705,6 +717,8 @@ async def bridge(
     listen_config: SessionConfig | None = None,
     connect_config: SessionConfig | None = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     **options: Any,
 ) -> Bridge:
     """Listen on ``listen`` and carry every session accepted there to a new session on
@@ -721,6 +735,10 @@ async def bridge(
         connect_config: the opened sessions' configuration instead of ``config``.
         max_connections: sessions accepted at once (``None``: no limit); more are dropped
             as they arrive. Each holds one session on the connecting side.
+        max_memory: what all the sessions, both sides, may hold together in buffers
+            (``None``: no limit; see :func:`polymux.start_server`).
+        max_connections_per_address: accepted sessions one peer address may hold
+            (``None``: no limit; see :func:`polymux.start_server`).
         **options: :class:`~polymux.SessionConfig` fields applied to both sides on top
             (``max_session_memory=``, ``idle_timeout=``, ``capture=`` ...).
             ``max_session_memory`` is the budget of a bridged *pair*: each of its two
@@ -756,5 +774,6 @@ async def bridge(
     near_cfg = replace(near_cfg, max_session_memory=pair_share(near_cfg.max_session_memory))
     far_cfg = replace(far_cfg, max_session_memory=pair_share(far_cfg.max_session_memory))
     result = Bridge(near, far, names, near_cfg, far_cfg)
-    await result._start(max_connections)
+    limits = {"max_memory": max_memory, "max_connections_per_address": max_connections_per_address}
+    await result._start(max_connections, limits)
     return result

@@ -200,12 +200,19 @@ class SessionConfig:
     keepalive_interval: float | None = 15.0
     """Seconds between keepalive pings (formats with pings: yamux, Streamux, and smux,
     whose NOP nothing answers: there any whole frame from the peer counts as its answer);
-    None disables them. With ``keepalive_timeout`` it bounds how long a vanished peer (a cut
-    with no FIN or RST) goes unnoticed: interval + timeout, 25 s by default."""
+    on formats without pings (MultiplexingStream, mplex, omnistreams) and smux, polymux
+    heartbeats (a frame every implementation ignores), at least every 15 s whatever this
+    is; it also sets the TCP keepalive of the connections polymux makes and accepts (first
+    probe after this long without a byte from the peer). None disables all three. With
+    ``keepalive_timeout`` it bounds how long a vanished peer (a cut with no FIN or RST) goes
+    unnoticed: interval + timeout, 25 s by default (``docs/connection-loss.md``: a peer is
+    judged by its silence once it has shown that it sends heartbeats or pings; a foreign
+    peer of a format without pings only by TCP keepalive)."""
 
     keepalive_timeout: float = 10.0
     """Seconds a ping may go unanswered before the session fails (a dead peer must not
-    hang readers). Only an answer proves the peer alive: a peer that trickles bytes does
+    hang readers), and a peer that sends heartbeats or pings may stay silent past its
+    interval (at least ours) before it is judged gone. Only an answer proves the peer alive: a peer that trickles bytes does
     not (on formats without credit, the peer's own pings count too: see ``stall_timeout``).
     The clock runs only while it can judge the peer: from when the ping has left our
     buffers (see ``stall_timeout`` for a peer that does not take it), and while we read the

@@ -104,6 +104,36 @@ async def test_32_files_interrupted_and_resumed(procs: Procs, short_tmp: Path) -
     assert "interrupted, 0 failed" in receiver.out[-1]
 
 
+async def test_the_sender_resumes_by_itself_when_the_receiver_is_restarted(
+    procs: Procs, short_tmp: Path
+) -> None:
+    """The receiver is killed (SIGKILL) mid-way and started again a moment later on the same
+    socket: the sender, left running, reconnects by itself (its progress says so) and
+    completes; every file verified, the partial files resumed from disk."""
+    src, dest, sock = short_tmp / "src", short_tmp / "dest", short_tmp / "ft.sock"
+    digests = make_files(src, 12, 12 * 1024 * 1024)
+    receiver, _ = await start_receiver(procs, dest, "--protocol", "mplex", "--unix", str(sock))
+    sender = await procs.example(
+        "filetransfer/send.py",
+        *("--protocol", "mplex", "--unix", str(sock), "--progress", "plain", "--limit-rate", "8M", src),
+        name="send",
+    )
+    await sender.line(r"^progress +([3-9]\d)\.\d%", timeout=60)
+    receiver.proc.kill()
+    assert await receiver.wait() == -signal.SIGKILL
+    await sender.line(r"^reconnecting \(attempt 1/10, next in [\d.]+ s\): ", timeout=60)
+    restarted, _ = await start_receiver(procs, dest, "--protocol", "mplex", "--unix", str(sock))
+    assert await sender.wait(timeout=120) == 0, sender.describe() + restarted.describe()
+    assert re.search(r"12/12 files verified \(SHA-256\).*resumed [1-9]", sender.stdout), sender.stdout
+    assert "; reconnected " in sender.stdout
+    await restarted.wait_for(
+        lambda: any("resumed at" in ln for ln in restarted.out), "a file resumed from its partial file"
+    )
+    assert tree_digests(dest) == digests  # no partial file left, every file whole
+    restarted.send_signal(signal.SIGTERM)
+    assert await restarted.wait() == 0
+
+
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd"])
 async def test_hostile_names_from_the_command_line(procs: Procs, short_tmp: Path, name: str) -> None:
     dest = short_tmp / "in" / "box"

@@ -122,7 +122,13 @@ async def test_a_burst_of_connects_never_holds_more_than_max_connections() -> No
         peak = max(peak, len(server.sessions))
 
     server = await polymux.start_server(
-        _echo, "127.0.0.1", 0, protocol="mplex", session_handler=session_opened, max_connections=limit
+        _echo,
+        "127.0.0.1",
+        0,
+        protocol="mplex",
+        session_handler=session_opened,
+        max_connections=limit,
+        max_connections_per_address=None,  # (every connect comes from 127.0.0.1)
     )
     async with server:
         proc = await asyncio.create_subprocess_exec(

@@ -137,28 +137,35 @@ def test_no_keepalive_ping_while_closing() -> None:
 def test_smux_keepalive_is_answered_by_any_frame_and_waits_one_interval_more() -> None:
     """smux: nothing answers a NOP, so the application cannot ping; the keepalive counts
     the peer's next whole frame as the answer, and waits keepalive_timeout plus one
-    interval (an idle peer sends its own keepalive only once per interval)."""
+    interval (an idle peer sends its own keepalive only once per interval). Besides, each
+    side sends a heartbeat NOP every interval (test_core_silence.py)."""
     a, b = pair("smux", **KEEPALIVE)
+    a.liveness.beats = False  # (the silence rule would end it first: test_core_silence.py)
     with pytest.raises(PolymuxError, match="smux has no ping"):
         a.ping(1.0)
     a.handle_timer(15.0)
-    assert a.next_deadline() == 40.0
+    assert a.liveness.ka_deadline == 40.0 and a.next_deadline() == 30.0  # the next heartbeat
     b.receive_data(drain(a), 15.0)
     assert not b.has_output  # a NOP gets no answer
     b.handle_timer(15.0)
     a.receive_data(drain(b), 16.0)  # b's own keepalive NOP: a whole frame
     assert one(a.events(), ce.PingAnswered)
-    assert a.next_deadline() == 31.0
+    assert a.liveness.ping_due == 31.0
+    a.handle_timer(30.0)  # a heartbeat: no ping waits for what follows it
     a.handle_timer(31.0)
     drain(a)  # the NOP leaves: the wait starts
+    for t in (45.0, 55.0):
+        a.handle_timer(t)  # (its heartbeats meanwhile)
+        drain(a)
     a.handle_timer(56.0)
     assert "within 25 s (keepalive_timeout=10)" in str(one(a.events(), ce.Failed).error)
 
 
-def test_formats_without_ping_have_no_keepalive() -> None:
-    """mplex has no ping: no keepalive deadline, and ping() raises."""
+def test_formats_without_ping_have_no_keepalive_ping() -> None:
+    """mplex has no ping: ping() raises, and its keepalive is a heartbeat every interval
+    (tests/session/test_core_silence.py)."""
     a = core("mplex", **KEEPALIVE)
-    assert a.next_deadline() is None
+    assert a.next_deadline() == 15.0
     with pytest.raises(PolymuxError, match="mplex has no ping"):
         a.ping(0.0)
 

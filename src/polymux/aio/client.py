@@ -10,6 +10,7 @@ import ssl as ssl_module
 from collections.abc import Mapping
 from typing import Any, Unpack
 
+from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session
 from polymux.config import SessionConfig, SessionOptions
 from polymux.formats import Format, resolve
@@ -110,7 +111,8 @@ async def connect(
         protocol, config, session_opts, is_client=True, handler=handler, offer_filter=offer_filter
     )
     loop = asyncio.get_running_loop()
-    _transport, mux = await loop.create_connection(make, host, port, **conn_opts)
+    transport, mux = await loop.create_connection(make, host, port, **conn_opts)
+    tcp_keepalive(transport.get_extra_info("socket"), mux.config)
     return await _ready(mux)
 
 

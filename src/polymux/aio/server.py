@@ -11,12 +11,20 @@ import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self, Unpack, cast
 
+from polymux.aio._sockinfo import tcp_keepalive
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig, SessionOptions
 from polymux.formats import Format, resolve
+from polymux.session.budget import MemoryAccount
 
 
-__all__ = ["Server", "start_server", "start_unix_server"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_ADDRESS",
+    "Server",
+    "start_server",
+    "start_unix_server",
+]
 
 SessionHandler = Callable[[Session], Awaitable[None] | None]
 
@@ -24,6 +32,15 @@ logger = logging.getLogger("polymux")
 
 DEFAULT_MAX_CONNECTIONS = 1024
 """Connections a server holds at once by default (``max_connections``)."""
+
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 256
+"""Connections one peer address may hold at once by default (``max_connections_per_address``):
+a quarter of the default slots, far more than an honest client opens."""
+
+MEMORY_REFUSAL = 1.25
+"""New connections are refused while the sessions hold this many times ``max_memory``
+(the memory account holds the heaviest back near the limit: past it, something the account
+does not bound holds the memory, and new sessions would only add to it)."""
 
 
 class _Refused(asyncio.Protocol):
@@ -135,9 +152,25 @@ class Server:
         session_handler: SessionHandler | None,
         max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
         handshake_timeout: float = 10.0,
+        *,
+        max_memory: int | None = None,
+        max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     ) -> None:
         if max_connections is not None and (not isinstance(max_connections, int) or max_connections <= 0):
             raise ValueError(f"max_connections must be a positive int or None, got {max_connections!r}")
+        per_address = max_connections_per_address
+        if per_address is not None and (not isinstance(per_address, int) or per_address <= 0):
+            raise ValueError(
+                f"max_connections_per_address must be a positive int or None, got {per_address!r}"
+            )
+        self.memory = None if max_memory is None else MemoryAccount(max_memory)
+        """The sessions' shared memory budget (``max_memory``), or None."""
+        self.max_connections_per_address = per_address
+        """Connections one peer address may hold at once; more are refused."""
+        self._addresses: dict[str, int] = {}  # connections held per peer address
+        self._address_of: dict[_Held, str] = {}
+        self._refused_address = 0
+        self._refused_memory = 0
         self._factory = factory
         self._session_handler = session_handler
         self.max_connections = max_connections
@@ -175,6 +208,18 @@ class Server:
     def _admit(self) -> bool:
         """A connection was just accepted: may it be held? (It then counts as pending.)"""
         limit = self.max_connections
+        memory = self.memory
+        if memory is not None and memory.held > memory.limit * MEMORY_REFUSAL:
+            self._refused_memory += 1
+            if self._refused_memory & (self._refused_memory - 1) == 0:
+                logger.warning(
+                    "polymux server: max_memory=%d reached (the sessions hold %d bytes); %d new "
+                    "connection(s) refused so far",
+                    memory.limit,
+                    memory.held,
+                    self._refused_memory,
+                )
+            return False
         if self._full():
             self._refused += 1
             if self._refused & (self._refused - 1) == 0:  # 1st, 2nd, 4th, 8th ...: not a log flood
@@ -202,7 +247,7 @@ class Server:
             held = next(iter(quiet))
             del quiet[held]
             if held.peer_silent and held in self._live:
-                self._live.discard(held)
+                self._release(held)
                 if held.session is not None:
                     self.sessions.discard(held.session)  # gone now, not at its connection_lost
                 held.abort()
@@ -227,6 +272,24 @@ class Server:
         if self._pending.pop(held, None) is None and self._full():
             held.abort()
             return
+        address = _address(held)
+        per_address = self.max_connections_per_address
+        if address is not None and per_address is not None:
+            count = self._addresses.get(address, 0)
+            if count >= per_address:
+                self._refused_address += 1
+                if self._refused_address & (self._refused_address - 1) == 0:
+                    logger.warning(
+                        "polymux server: %s holds max_connections_per_address=%d connections; "
+                        "%d connection(s) refused so far",
+                        address,
+                        per_address,
+                        self._refused_address,
+                    )
+                held.abort()
+                return
+            self._addresses[address] = count + 1
+            self._address_of[held] = address
         self._live.add(held)
         if held.peer_silent:
             self._quiet[held] = None
@@ -236,6 +299,13 @@ class Server:
         self._pending.pop(held, None)
         self._live.discard(held)
         self._quiet.pop(held, None)
+        address = self._address_of.pop(held, None)
+        if address is not None:
+            left = self._addresses[address] - 1
+            if left:
+                self._addresses[address] = left
+            else:
+                del self._addresses[address]
 
     def _make(self) -> asyncio.Protocol:
         """The protocol factory: count the connection at once (a burst of accepts runs every
@@ -265,8 +335,13 @@ class Server:
         """``mux``'s session is connected: one of ``sessions`` until it closes; the session
         handler runs once its handshake is done."""
         session = mux.session
+        tcp_keepalive(mux.get_extra_info("socket"), mux.config)
         self.sessions.add(session)
         mux.closed.add_done_callback(lambda _f: self.sessions.discard(session))
+        if self.memory is not None:
+            budget = mux.core.budget
+            budget.join(self.memory)
+            mux.closed.add_done_callback(lambda _f: budget.leave())
         if self._session_handler is not None:
             mux.ready.add_done_callback(lambda f: self._run_handler(session, f))
 
@@ -324,6 +399,17 @@ class Server:
         await self.aclose()
 
 
+def _address(held: _Held) -> str | None:
+    """The peer's address (host) of a held connection; None on a unix socket."""
+    for source in (held, getattr(held, "transport", None), getattr(held, "raw", None)):
+        get = getattr(source, "get_extra_info", None)
+        if get is not None:
+            peer = get("peername")
+            if isinstance(peer, tuple) and peer:
+                return str(peer[0])
+    return None
+
+
 def _server(
     protocol: str | Format,
     handler: ChannelHandler | None,
@@ -332,6 +418,8 @@ def _server(
     offer_filter: OfferFilter | None,
     max_connections: int | None,
     options: SessionOptions,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> Server:
     cfg = SessionConfig.from_options(config, **options)
     fmt = resolve(protocol, cfg)
@@ -340,7 +428,14 @@ def _server(
     def make() -> MuxProtocol:
         return MuxProtocol(fmt, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    return Server(make, session_handler, max_connections, cfg.handshake_timeout)
+    return Server(
+        make,
+        session_handler,
+        max_connections,
+        cfg.handshake_timeout,
+        max_memory=max_memory,
+        max_connections_per_address=max_connections_per_address,
+    )
 
 
 async def start_server(
@@ -354,6 +449,8 @@ async def start_server(
     offer_filter: OfferFilter | None = None,
     ssl: Any = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     **options: Unpack[SessionOptions],
 ) -> Server:
     """Listen on TCP; each connection is a session, each incoming channel runs
@@ -363,10 +460,28 @@ async def start_server(
     :class:`SessionConfig` fields. At most ``max_connections`` connections are held at
     once, counted from their accept (``None``: no limit); when it is reached, the oldest
     one whose peer has sent nothing yet is closed to make room, or else the new one is
-    dropped. A peer must send its handshake, or on formats without one a whole frame,
-    within ``handshake_timeout`` (which bounds the TLS handshake too), unless a channel is
-    opened to it first."""
-    server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
+    dropped. One peer address holds at most ``max_connections_per_address`` of them
+    (``None``: no limit); more are refused (and logged). A peer must send its handshake,
+    or on formats without one a whole frame, within ``handshake_timeout`` (which bounds
+    the TLS handshake too), unless a channel is opened to it first.
+
+    ``max_memory`` (bytes; ``None``: no limit) bounds what all the sessions hold together
+    in buffers (each still within its ``max_session_memory``): past it, the sessions
+    holding the most stop reading from their peers until the sum is down to three
+    quarters (:class:`~polymux.session.MemoryAccount`), while the others, a new client's
+    among them, are read on; new connections are refused (and logged) only while the
+    sessions hold more than 1.25 times it."""
+    server = _server(
+        protocol,
+        handler,
+        config,
+        session_handler,
+        offer_filter,
+        max_connections,
+        options,
+        max_memory,
+        max_connections_per_address,
+    )
     loop = asyncio.get_running_loop()
     server._server = await loop.create_server(server._make, host, port, **_tls(server, ssl, loop))
     return server
@@ -397,15 +512,21 @@ async def start_unix_server(
     ssl: Any = None,
     mode: int | None = 0o600,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = None,
     **options: Unpack[SessionOptions],
 ) -> Server:
-    """Listen on a unix socket (see :func:`start_server`).
+    """Listen on a unix socket (see :func:`start_server`; ``max_memory`` too;
+    ``max_connections_per_address`` is taken and ignored: a unix socket's peers have no
+    address to count).
 
     The socket file gets permissions ``mode`` (default ``0o600``: only this user may
     connect) before the server listens, so no other user can connect in between;
     ``None`` leaves them to the umask. A stale socket file at ``path`` is replaced.
     """
-    server = _server(protocol, handler, config, session_handler, offer_filter, max_connections, options)
+    server = _server(
+        protocol, handler, config, session_handler, offer_filter, max_connections, options, max_memory
+    )
     loop = asyncio.get_running_loop()
     name = os.fspath(path)
     tls = _tls(server, ssl, loop)

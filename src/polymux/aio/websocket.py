@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from polymux._extras import require
 from polymux.aio.client import _ready
-from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, Server
+from polymux.aio.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Server
 from polymux.aio.session import ChannelHandler, MuxProtocol, OfferFilter, Session, check_handler
 from polymux.config import SessionConfig
 from polymux.exceptions import ProtocolError
@@ -540,6 +540,8 @@ async def serve_websocket(
     session_handler: SessionHandler | None = None,
     offer_filter: OfferFilter | None = None,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    max_memory: int | None = None,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     **options: Any,
 ) -> Server:
     """Serve sessions on WebSocket: each connection is a session whose incoming channels
@@ -551,7 +553,8 @@ async def serve_websocket(
     ``max_connections`` counts connections from their accept, before the HTTP upgrade; the
     upgrade must complete within ``handshake_timeout`` (websockets' ``open_timeout``), then
     the session's first frame is due within ``handshake_timeout`` too (see
-    :func:`polymux.start_server`)."""
+    :func:`polymux.start_server`, as for ``max_memory`` and
+    ``max_connections_per_address``)."""
     require("websockets", "serve_websocket (WebSocket endpoints)")
     from websockets.asyncio.server import serve as ws_serve
 
@@ -563,7 +566,14 @@ async def serve_websocket(
     def make() -> MuxProtocol:
         return _make_mux(fmt, cfg, is_client=False, handler=handler, offer_filter=offer_filter)
 
-    server = Server(make, session_handler, max_connections, cfg.handshake_timeout)
+    server = Server(
+        make,
+        session_handler,
+        max_connections,
+        cfg.handshake_timeout,
+        max_memory=max_memory,
+        max_connections_per_address=max_connections_per_address,
+    )
     connection_class = _server_class(server)
 
     async def on_connection(ws: ServerConnection) -> None:

@@ -33,7 +33,7 @@ import anyio
 from anyio.abc import ByteStream, SocketAttribute
 
 from polymux._types import BytesLike, CaptureSink
-from polymux.aio._sockinfo import kernel_unsent
+from polymux.aio._sockinfo import kernel_unsent, tcp_keepalive
 from polymux.config import SessionConfig, SessionOptions
 from polymux.engine import Engine
 from polymux.engine.plane import Inbox
@@ -414,6 +414,7 @@ class AnyioSession:
         self._done = anyio.Event()
         self._capture: CaptureSink | None = None
         self._in_flight = 0  # bytes of the batch the stream is sending
+        self._sending = anyio.CancelScope()  # ... and the scope of that send
         self._slicer = InputSlicer(self.engine.whole_frames, never=self.engine.message_mode)
         # Inboxes' consumption is reported by the writer task (or by receive() itself).
         self.core.plane.on_report = lambda: self._output.set()
@@ -653,6 +654,8 @@ class AnyioSession:
         """The core ended the session: its last words go out, then the stream closes."""
         if self.error is None and self.core.failed:
             self.error = error
+        if self._in_flight:
+            self._sending.cancel()  # a send the peer takes none of must not hold the end
         self._output.set()
         self._deadline.set()
 
@@ -684,11 +687,14 @@ class AnyioSession:
                 self._capture.sent((data,))
             core.socket_paused(True, len(data))  # the stream has it until send() returns
             self._in_flight = len(data)
-            try:
-                await self._stream.send(data)
-            finally:
-                self._in_flight = 0
-                core.socket_paused(False, 0)
+            with anyio.CancelScope() as self._sending:
+                try:
+                    await self._stream.send(data)
+                finally:
+                    self._in_flight = 0
+                    core.socket_paused(False, 0)
+            if self._sending.cancelled_caught:
+                return  # the session failed while the peer took none of it (on_failed)
             self._process()
 
     async def _write(self) -> None:
@@ -846,6 +852,7 @@ async def session(
     )
     if cfg.capture is not None:
         s._start_capture()
+    tcp_keepalive(stream.extra(SocketAttribute.raw_socket, None), cfg)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(s._run)

@@ -40,6 +40,7 @@ __all__ = [
     "NoSession",
     "add_address_options",
     "add_liveness_options",
+    "add_server_options",
     "add_session_options",
     "check_session_options",
     "connect",
@@ -54,6 +55,7 @@ __all__ = [
     "seconds",
     "seconds_or_off",
     "serve_until_stopped",
+    "server_options",
     "session_options",
     "size",
     "size_type",
@@ -193,13 +195,15 @@ def add_liveness_options(group: argparse._ArgumentGroup, *, handshake_help: str,
         type=seconds_or_off,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
-        help="seconds between keepalive pings on formats with pings, or off (default 15)",
+        help="seconds between keepalive pings (heartbeats on formats without pings, at least every "
+        "15 s), or off (default 15)",
     )
     group.add_argument(
         "--keepalive-timeout",
         type=seconds,
         metavar="SECONDS",
-        help="seconds a ping may go unanswered before the session fails (default 10)",
+        help="seconds a ping may go unanswered, or a peer that sends heartbeats stay silent past its "
+        "interval, before the session fails (default 10)",
     )
 
 
@@ -218,6 +222,55 @@ def liveness_options(args: argparse.Namespace) -> dict[str, Any]:
             if hasattr(args, field)
         }
     )
+    return options
+
+
+MIN_MAX_MEMORY = 1024 * 1024
+"""The smallest ``--max-memory`` the commands take."""
+
+
+def add_server_options(group: argparse._ActionsContainer) -> None:
+    """``--max-memory`` and ``--max-connections-per-address``, as every command that
+    serves takes them (``serve``, ``bridge``, the file receiver, the chat servers); unset,
+    the server's defaults hold (:func:`server_options`)."""
+    group.add_argument(
+        "--max-memory",
+        type=size_type(MIN_MAX_MEMORY),
+        metavar="SIZE",
+        help="what all the sessions may hold together in buffers, e.g. 256MiB: past it, the sessions "
+        "holding the most stop being read until it is down to three quarters (default: no limit "
+        "beyond each session's own; at least 1MiB)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=_connections_or_off,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="connections one peer address may hold at once; more are refused and logged, or off "
+        "(default 256)",
+    )
+
+
+def _connections_or_off(text: str) -> int | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of connections: {text!r} (or 'off')") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r} (or 'off')")
+    return value
+
+
+def server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``polymux.start_server`` (and ``serve_websocket``) that the
+    options of :func:`add_server_options` set."""
+    options: dict[str, Any] = {}
+    if getattr(args, "max_memory", None) is not None:
+        options["max_memory"] = args.max_memory
+    if hasattr(args, "max_connections_per_address"):  # "off" is None: absent unless given
+        options["max_connections_per_address"] = args.max_connections_per_address
     return options
 
 

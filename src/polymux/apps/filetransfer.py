@@ -34,11 +34,12 @@ import contextlib
 import errno
 import hashlib
 import os
+import random
 import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
@@ -46,21 +47,27 @@ from typing import IO, Any, Self
 from polymux import formats
 from polymux._extras import require
 from polymux.aio.session import Session
-from polymux.apps.common import format_bytes
+from polymux.apps.common import NoSession, format_bytes
 from polymux.apps.records import RecordError, field, read_record, write_record
 from polymux.exceptions import PolymuxError
 
 
 __all__ = [
+    "BACKOFF_CAP",
+    "BACKOFF_FIRST",
     "CHUNK",
+    "DEFAULT_RETRIES",
     "PART_SUFFIX",
+    "RETRYABLE",
     "PlainProgress",
     "RateLimiter",
     "Receiver",
     "RichProgress",
+    "SendResult",
     "Transfer",
     "TransferError",
     "UnsafeName",
+    "backoff",
     "check_name",
     "collect",
     "destination",
@@ -68,6 +75,7 @@ __all__ = [
     "send_file",
     "send_files",
     "send_with_progress",
+    "send_with_retries",
     "summary",
 ]
 
@@ -86,11 +94,34 @@ BUSY_WAIT = 10.0
 """Seconds an offer waits for an earlier transfer of the same file to end (a sender that
 resumes on a new connection may be faster than the old connection's end reaching us: a
 server reading a connection with no credit on the wire sees its end only after the data
-before it); then it is refused as busy."""
+before it); then it is refused as busy (a sender with retries tries again later)."""
+
+TAKEOVER_IDLE = 5.0
+"""Seconds an earlier transfer of the same file from the same host must have received
+nothing before a new offer takes its place: the sender came back on a new connection
+while the old one is not known to be dead yet (a silent cut is noticed only after the
+keepalive's bound), so the old transfer is ended at once, its partial file kept, and the
+new one resumes from it."""
 
 REPLY_TIMEOUT = 60.0
 """Seconds the sender waits for each answer of the receiver (the accept, after which it
 may have hashed a large partial file, and the final confirmation)."""
+
+DEFAULT_RETRIES = 10
+"""Reconnections a sender makes after its connection is lost (``--retries``), waiting
+:func:`backoff` before each; 0 gives up at the first loss."""
+
+BACKOFF_FIRST = 0.5
+"""Seconds before the first reconnection (at most: see :func:`backoff`)."""
+
+BACKOFF_CAP = 30.0
+"""The longest wait between two reconnections, in seconds."""
+
+RETRYABLE = frozenset({"connection", "timeout", "busy", "failed", "checksum"})
+"""Failure codes (:attr:`Transfer.code`) that another attempt may cure: the connection
+was lost or timed out, the receiver still held an earlier transfer of the file, or the
+file changed while it was sent. Not: ``unsafe-name``, ``too-large``, ``protocol`` (the
+receiver's answer would be the same) and ``local`` (the file cannot be read here)."""
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -194,7 +225,7 @@ class Receiver:
         self.on_file = on_file
         self.stats = ReceiverStats()
         """Counters of what happened."""
-        self._busy: dict[Path, asyncio.Event] = {}  # set when that transfer ends
+        self._busy: dict[Path, _Active] = {}  # the transfers under way, by target
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Receive one file from one channel."""
@@ -230,26 +261,46 @@ class Receiver:
             self.stats.refused += 1
             self.log(f"refused: {name!r} from {peer}: size {size} not allowed")
             raise TransferError(f"{name!r}: size {size} is over the limit", "too-large")
-        earlier = self._busy.get(target)
-        if earlier is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(BUSY_WAIT):
-                    await earlier.wait()
-        if target in self._busy:
-            self.stats.refused += 1
-            self.log(f"refused: {name!r} from {peer}: already being received")
-            raise TransferError(
-                f"{name!r} is already being received (an earlier transfer still runs after {BUSY_WAIT:g} s)",
-                "busy",
-            )
-        done = self._busy[target] = asyncio.Event()
+        await self._wait_for_earlier(target, name, peer)
+        active = self._busy[target] = _Active(_host(peer), writer)
         try:
-            fresh = await self._receive_into(reader, writer, peer, name, size, target)
+            fresh = await self._receive_into(reader, writer, peer, name, size, target, active)
         finally:
             del self._busy[target]
-            done.set()
+            active.done.set()
         if fresh and self.on_file is not None:
             self.on_file(name, size, offer, peer)
+
+    async def _wait_for_earlier(self, target: Path, name: str, peer: str) -> None:
+        """An earlier transfer of ``target`` is under way: wait for its end, up to
+        :data:`BUSY_WAIT`; take its place at once if it is the same host's and has received
+        nothing for :data:`TAKEOVER_IDLE` (the sender is back on a new connection). Raises
+        ``busy`` if it still runs then."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + BUSY_WAIT
+        while (earlier := self._busy.get(target)) is not None:
+            idle = loop.time() - earlier.progress_at
+            if earlier.host == _host(peer) and idle >= TAKEOVER_IDLE and not earlier.taken_over:
+                earlier.taken_over = True
+                self.log(
+                    f"taking over: {name} from {peer}: the earlier transfer from the same host has "
+                    f"received nothing for {idle:.0f} s (its connection is gone)"
+                )
+                earlier.writer.transport.abort()  # its reader fails; its partial file is kept
+            left = until - loop.time()
+            if left <= 0:
+                self.stats.refused += 1
+                self.log(f"refused: {name!r} from {peer}: already being received")
+                raise TransferError(
+                    f"{name!r} is already being received (an earlier transfer still runs after "
+                    f"{BUSY_WAIT:g} s)",
+                    "busy",
+                )
+            with contextlib.suppress(TimeoutError):
+                # (again at TAKEOVER_IDLE: the earlier may go quiet meanwhile)
+                wait = max(0.05, min(left, TAKEOVER_IDLE - idle if idle < TAKEOVER_IDLE else left))
+                async with asyncio.timeout(wait):
+                    await earlier.done.wait()
 
     async def _receive_into(
         self,
@@ -259,6 +310,7 @@ class Receiver:
         name: str,
         size: int,
         target: Path,
+        active: _Active,
     ) -> bool:
         """Receive into ``target``; True for a new file (False: it was there unchanged)."""
         part = target.with_name(target.name + PART_SUFFIX)
@@ -294,6 +346,7 @@ class Receiver:
                 os.ftruncate(fd, offset)
                 os.lseek(fd, offset, os.SEEK_SET)
                 remaining = size - offset
+                loop = asyncio.get_running_loop()
                 while remaining:
                     try:
                         chunk = await reader.read(min(CHUNK, remaining))
@@ -307,6 +360,7 @@ class Receiver:
                     digest.update(chunk)
                     received += len(chunk)
                     remaining -= len(chunk)
+                    active.progress_at = loop.time()
             finally:
                 os.close(fd)
         end = await read_record(reader)
@@ -342,6 +396,24 @@ class Receiver:
             f"interrupted: {name} from {peer} at {format_bytes(have)} of {format_bytes(size)} "
             f"({why}); kept {name}{PART_SUFFIX} for resume"
         )
+
+
+class _Active:
+    """A transfer under way: ``done`` is set when it ends; ``progress_at``: when its last
+    bytes arrived (loop time)."""
+
+    def __init__(self, host: str, writer: asyncio.StreamWriter) -> None:
+        self.host = host
+        self.writer = writer
+        self.done = asyncio.Event()
+        self.progress_at = asyncio.get_running_loop().time()
+        self.taken_over = False
+
+
+def _host(peer: str) -> str:
+    """The host part of a peer label (``host:port``; a unix socket's label as it is)."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
@@ -394,6 +466,9 @@ class Transfer:
     status: str = "waiting"
     """``waiting``, ``sending``, ``done``, ``unchanged`` or ``failed``."""
     error: str | None = None
+    code: str = ""
+    """Why it failed: a :class:`TransferError` code, ``connection`` (the session or the
+    channel was lost) or ``local`` (the file could not be read)."""
     sha256: str = ""
     started: float = 0.0
     finished: float = 0.0
@@ -451,7 +526,9 @@ async def send_file(
 ) -> Transfer:
     """Send one file on a new channel; fills in ``transfer`` (status, sha256, error)."""
     transfer.status = "sending"
-    transfer.started = time.perf_counter()
+    transfer.error, transfer.code = None, ""
+    if not transfer.started:
+        transfer.started = time.perf_counter()
     writer: asyncio.StreamWriter | None = None
     try:
         # A pair of streams on one-way formats (omnistreams): a transfer talks both ways.
@@ -460,7 +537,8 @@ async def send_file(
         await _send(reader, writer, transfer, progress, limiter)
     except (TransferError, RecordError, ConnectionError, PolymuxError, OSError) as exc:
         transfer.status = "failed"
-        transfer.error = str(exc)
+        transfer.error = str(exc) or type(exc).__name__
+        transfer.code = _code(exc)
         if writer is not None:
             writer.transport.abort()
     else:
@@ -469,6 +547,19 @@ async def send_file(
     if progress is not None:
         progress(transfer)
     return transfer
+
+
+def _code(exc: BaseException) -> str:
+    """The failure code of a transfer that raised ``exc`` (:attr:`Transfer.code`)."""
+    if isinstance(exc, TransferError):
+        return exc.code
+    if isinstance(exc, RecordError):
+        return "protocol"
+    if isinstance(exc, (ConnectionError, PolymuxError)):
+        return "connection"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "local"  # an OSError reading the file
 
 
 async def _send(
@@ -585,8 +676,9 @@ async def send_files(
     return list(await asyncio.gather(*(one(t) for t in transfers)))
 
 
-def summary(transfers: list[Transfer], elapsed: float, parallel: int) -> str:
-    """The one-line summary: files, bytes, seconds, MB/s, resumed, unchanged, failed."""
+def summary(transfers: list[Transfer], elapsed: float, parallel: int, reconnects: int = 0) -> str:
+    """The one-line summary: files, bytes, seconds, MB/s, resumed, unchanged, failed (and
+    the reconnections, if any)."""
     sent = sum(t.sent for t in transfers)
     total = sum(t.size for t in transfers)
     resumed = [t for t in transfers if t.resumed_from and t.status == "done"]
@@ -599,6 +691,7 @@ def summary(transfers: list[Transfer], elapsed: float, parallel: int) -> str:
         f"{format_bytes(sent)} in {elapsed:.2f} s = {rate:.1f} MB/s, up to {parallel} channels at once; "
         f"resumed {len(resumed)} ({format_bytes(sum(t.resumed_from for t in resumed))} not re-sent), "
         f"unchanged {unchanged}, failed {failed}"
+        + (f"; reconnected {reconnects} time{'s' if reconnects != 1 else ''}" if reconnects else "")
     )
 
 
@@ -616,14 +709,16 @@ class PlainProgress:
         interval: float = 0.5,
         out: IO[str] | None = None,
         cut: Callable[[], bool] | None = None,
+        will_retry: Callable[[Transfer], bool] | None = None,
     ) -> None:
         self.transfers = transfers
         self.interval = interval
         self.out = out or sys.stdout
         self.cut = cut
+        self.will_retry = will_retry
         self._task: asyncio.Task[None] | None = None
         self._start = time.perf_counter()
-        self._reported: set[int] = set()
+        self._reported: dict[int, str] = {}  # the last end reported of each transfer
 
     def __enter__(self) -> Self:
         self._start = time.perf_counter()
@@ -637,17 +732,30 @@ class PlainProgress:
 
     def update(self, t: Transfer) -> None:
         """A transfer made progress (or ended)."""
-        if t.status in ("done", "unchanged", "failed") and id(t) not in self._reported:
-            self._reported.add(id(t))
+        if t.status in ("done", "unchanged", "failed") and self._reported.get(id(t)) != t.status:
+            self._reported[id(t)] = t.status  # (a failed transfer that is retried ends again)
             if t.status == "failed" and self.cut is not None and self.cut():
                 # Cut on purpose (the demo's --interrupt): not an error, a partial file.
                 line = f"  cut       {t.name} at {format_bytes(t.done)} of {format_bytes(t.size)}"
+                print(line, file=self.out, flush=True)
+            elif t.status == "failed" and self.will_retry is not None and self.will_retry(t):
+                line = (
+                    f"  interrupted {t.name} at {format_bytes(t.done)} of {format_bytes(t.size)}: "
+                    f"{t.error} (resumed on the next attempt)"
+                )
                 print(line, file=self.out, flush=True)
             elif t.status == "failed":
                 print(f"  FAILED    {t.name}: {t.error}", file=self.out, flush=True)
             else:
                 note = f" (resumed at {format_bytes(t.resumed_from)})" if t.resumed_from and t.sent else ""
                 print(f"  {t.status:<9} {t.name} {format_bytes(t.size)}{note}", file=self.out, flush=True)
+
+    def reconnecting(self, attempt: int, retries: int, delay: float, why: str, *, same: bool = False) -> None:
+        """Files failed (``why``): attempt ``attempt`` of ``retries`` comes in ``delay``
+        seconds, on a new connection (``same``: on the one still open)."""
+        what = "retrying" if same else "reconnecting"
+        line = f"{what} (attempt {attempt}/{retries}, next in {delay:.1f} s): {why}"
+        print(line, file=self.out, flush=True)
 
     async def _tick(self) -> None:
         while True:
@@ -672,13 +780,20 @@ class RichProgress:
     """Progress bars (rich): one per file and one for the total, each with its average
     throughput (MB/s, as in the summary)."""
 
-    def __init__(self, transfers: list[Transfer], *, cut: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        transfers: list[Transfer],
+        *,
+        cut: Callable[[], bool] | None = None,
+        will_retry: Callable[[Transfer], bool] | None = None,
+    ) -> None:
         require("rich", "--progress rich (progress bars)")
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
         from rich.table import Column
 
         self.transfers = transfers
         self.cut = cut
+        self.will_retry = will_retry
         self.progress = Progress(
             TextColumn("{task.description:<22.22}"),
             # The bar takes what the terminal leaves; the figures never wrap onto a second line.
@@ -715,6 +830,8 @@ class RichProgress:
         )
         if t.status == "failed" and self.cut is not None and self.cut():
             status = "[yellow]cut"
+        elif t.status == "failed" and self.will_retry is not None and self.will_retry(t):
+            status = "[yellow]interrupted"
         if t.resumed_from and t.status in ("sending", "done"):
             status = (status + " " if status else "") + f"[yellow]resumed@{format_bytes(t.resumed_from)}"
         now = time.perf_counter()
@@ -729,6 +846,15 @@ class RichProgress:
             speed=_rate(sum(x.sent for x in self.transfers), now - self._start),
         )
 
+    def reconnecting(self, attempt: int, retries: int, delay: float, why: str, *, same: bool = False) -> None:
+        """Files failed (``why``): attempt ``attempt`` of ``retries`` comes in ``delay``
+        seconds, on a new connection (``same``: on the one still open); the total's status,
+        and a line above the bars."""
+        what = "retrying" if same else "reconnecting"
+        text = f"{what} (attempt {attempt}/{retries}, next in {delay:.1f} s)"
+        self.progress.update(self.total, status=f"[yellow]{text}")
+        self.progress.console.print(f"{text}: {why}", markup=False, highlight=False)
+
 
 def _rate(n: int, seconds: float) -> str:
     """``n`` bytes over ``seconds`` in MB/s (10^6 bytes per second), for display."""
@@ -736,21 +862,26 @@ def _rate(n: int, seconds: float) -> str:
 
 
 def make_progress(
-    transfers: list[Transfer], mode: str = "auto", *, cut: Callable[[], bool] | None = None
+    transfers: list[Transfer],
+    mode: str = "auto",
+    *,
+    cut: Callable[[], bool] | None = None,
+    will_retry: Callable[[Transfer], bool] | None = None,
 ) -> PlainProgress | RichProgress | None:
     """``auto`` (rich on a terminal, plain lines otherwise or without the ``apps`` extra),
     ``rich``, ``plain`` or ``none``. While ``cut()`` is true, failed transfers are shown as
-    cut on purpose (partial files to resume), not as errors."""
+    cut on purpose (partial files to resume), not as errors; so is a failed transfer for
+    which ``will_retry(transfer)`` is true (another attempt follows)."""
     if mode == "none":
         return None
     if mode == "auto" and sys.stdout.isatty():
         try:
-            return RichProgress(transfers, cut=cut)
+            return RichProgress(transfers, cut=cut, will_retry=will_retry)
         except ModuleNotFoundError:  # rich is the `apps` extra: plain lines without it
-            return PlainProgress(transfers, cut=cut)
+            return PlainProgress(transfers, cut=cut, will_retry=will_retry)
     if mode == "rich":
-        return RichProgress(transfers, cut=cut)
-    return PlainProgress(transfers, cut=cut)
+        return RichProgress(transfers, cut=cut, will_retry=will_retry)
+    return PlainProgress(transfers, cut=cut, will_retry=will_retry)
 
 
 async def send_with_progress(
@@ -779,3 +910,124 @@ async def send_with_progress(
             session, transfers, parallel=parallel, progress=report if callbacks else None, limiter=limiter
         )
     return time.perf_counter() - start
+
+
+# -- reconnecting --------------------------------------------------------------------------
+
+
+def backoff(
+    attempt: int,
+    rng: random.Random | None = None,
+    *,
+    first: float = BACKOFF_FIRST,
+    cap: float = BACKOFF_CAP,
+) -> float:
+    """Seconds to wait before reconnection ``attempt`` (1, 2 ...): a random time between
+    half and all of ``min(cap, first * 2 ** (attempt - 1))``, so that senders cut at the
+    same moment (a server restart) do not all come back at once."""
+    ceiling = min(cap, first * 2 ** (attempt - 1))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+@dataclass
+class SendResult:
+    """What :func:`send_with_retries` did."""
+
+    elapsed: float
+    """Seconds from the first attempt to the end."""
+    reconnects: int = 0
+    """Attempts after the first (each after a :func:`backoff` wait)."""
+    gave_up: str | None = None
+    """Why the retries stopped before they were spent (``give_up``'s answer: the peer
+    speaks another format, say), or None."""
+
+
+def _pending(transfers: list[Transfer]) -> list[Transfer]:
+    """What another attempt would send: not verified, and not failed for good."""
+    return [
+        t
+        for t in transfers
+        if t.status not in ("done", "unchanged") and (t.status != "failed" or t.code in RETRYABLE)
+    ]
+
+
+async def send_with_retries(
+    connect: Callable[[], Awaitable[Session]],
+    transfers: list[Transfer],
+    *,
+    retries: int = DEFAULT_RETRIES,
+    parallel: int = 8,
+    progress: str = "auto",
+    limiter: RateLimiter | None = None,
+    on_progress: Callable[[Transfer], None] | None = None,
+    give_up: Callable[[Session], str | None] | None = None,
+    rng: random.Random | None = None,
+) -> SendResult:
+    """Send ``transfers`` over sessions from ``connect()``, resuming after each loss.
+
+    The first session is the caller's to get: what ``connect()`` raises then propagates
+    (there is nothing to resume). When files fail for a reason another attempt may cure
+    (:data:`RETRYABLE`: the connection was lost or timed out, the receiver still held an
+    earlier transfer of the file), the session is dropped if it is gone, and after
+    :func:`backoff` a new one is made (a connection that fails counts as an attempt too),
+    up to ``retries`` times; each file resumes from the offset the receiver reports (its
+    partial file), until every file is verified or the retries are spent. The display
+    (``make_progress`` modes) says ``reconnecting (attempt 3/10, next in 2.1 s)``.
+    ``give_up(session)``, called after an attempt in which files failed, may name a reason
+    to stop (the peer never spoke the format). ``retries=0``: one attempt, as
+    :func:`send_with_progress`.
+    """
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries!r}")
+    session: Session | None = await connect()
+    reconnects = 0
+    gave_up: str | None = None
+
+    def will_retry(t: Transfer) -> bool:
+        return gave_up is None and reconnects < retries and t.code in RETRYABLE
+
+    view = make_progress(transfers, progress, will_retry=will_retry)
+    callbacks = [f for f in (view.update if view is not None else None, on_progress) if f is not None]
+
+    def report(t: Transfer) -> None:
+        for callback in callbacks:
+            callback(t)
+
+    start = time.perf_counter()
+    why = ""
+    try:
+        with view if view is not None else contextlib.nullcontext():
+            while True:
+                if session is not None:
+                    await send_files(
+                        session,
+                        _pending(transfers),
+                        parallel=parallel,
+                        progress=report if callbacks else None,
+                        limiter=limiter,
+                    )
+                    failed = [t for t in transfers if t.status == "failed"]
+                    if failed and give_up is not None and (gave_up := give_up(session)) is not None:
+                        break
+                    why = next((t.error or "" for t in failed if t.code in RETRYABLE), why)
+                    if session.is_closed:
+                        session.abort()
+                        session = None
+                if not _pending(transfers) or reconnects >= retries:
+                    break
+                reconnects += 1
+                delay = backoff(reconnects, rng)
+                if view is not None:
+                    view.reconnecting(
+                        reconnects, retries, delay, why or "files failed", same=session is not None
+                    )
+                await asyncio.sleep(delay)
+                if session is None:
+                    try:
+                        session = await connect()
+                    except (NoSession, OSError, PolymuxError) as exc:  # (TimeoutError too)
+                        why = str(exc) or type(exc).__name__
+    finally:
+        if session is not None:
+            await session.aclose()
+    return SendResult(time.perf_counter() - start, reconnects, gave_up)

@@ -40,11 +40,13 @@ from polymux.apps.common import (
     MIN_WINDOW,
     MIN_WRITE_BUFFER,
     add_liveness_options,
+    add_server_options,
     check_session_options,
     format_bytes,
     liveness_options,
     run as run_loop,
     serve_until_stopped,
+    server_options,
     size_type,
 )
 from polymux.bridging import NAME_POLICIES, Bridge, Endpoint
@@ -126,6 +128,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="budget of unread + unsent bytes per bridged pair (the accepted session and its session on "
         "CONNECT, a third each: a session holds up to 1.5 x its share), e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
+    add_server_options(limits)
     add_liveness_options(
         limits,
         handshake_help="seconds a session may take to connect and complete its handshake, and a LISTEN "
@@ -211,6 +214,7 @@ async def _bridge(
             listen_config=listen_config,
             connect_config=connect_config,
             max_connections=max_connections,
+            **server_options(args),
         )
     except OSError as exc:
         print(f"polymux bridge: cannot listen on {listen.where}: {exc}", file=sys.stderr, flush=True)

@@ -66,6 +66,7 @@ from polymux.apps.common import (
     EXIT_STATUS,
     Address,
     NoSession,
+    add_server_options as add_limit_options,
     add_session_options,
     check_session_options,
     connect,
@@ -78,6 +79,7 @@ from polymux.apps.common import (
     run as run_loop,
     seconds,
     seconds_or_off,
+    server_options,
     session_options,
     size,
 )
@@ -125,7 +127,16 @@ CLIENT_OPTIONS = (
 )
 """The options of the client alone (refused with --server)."""
 
-SERVER_OPTIONS = ("web", "files", "allow_host", "max_upload", "queue", "policy")
+SERVER_OPTIONS = (
+    "web",
+    "files",
+    "allow_host",
+    "max_upload",
+    "queue",
+    "policy",
+    "max_memory",
+    "max_connections_per_address",
+)
 """The options of the server alone (refused without --server). --history belongs to both,
 with a meaning in each."""
 
@@ -544,6 +555,7 @@ def add_server_options(
     group.add_argument(
         "--policy", choices=POLICIES, help="for a member whose queue is full (default disconnect)"
     )
+    add_limit_options(group)  # --max-memory, --max-connections-per-address
 
 
 def check_server_args(
@@ -621,6 +633,7 @@ async def _serve_web(chat: ChatServer, address: Address, args: argparse.Namespac
         protocol="omnistreams",
         process_request=static_files(files, allowed_hosts=_allowed_hosts(address, args.allow_host)),
         **session_options(args),
+        **server_options(args),
     )
     host = address.host if address.host and ":" not in address.host else f"[{address.host}]"
     print(f"chat: web page on http://{host}:{server.port}/ (files in {web.root})", flush=True)
@@ -666,7 +679,7 @@ async def run_server(args: argparse.Namespace) -> int:
     servers: list[polymux.Server] = []
     try:
         for address in addresses:
-            options = {**session_options(args), **conversation_options(args.protocol)}
+            options = {**session_options(args), **conversation_options(args.protocol), **server_options(args)}
             server = await listen(address, chat.handle, args.protocol, **options)
             servers.append(server)
             print(f"chat: {args.protocol} on {listening_on(server, address)}", flush=True)

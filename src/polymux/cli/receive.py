@@ -26,6 +26,7 @@ from polymux.apps.common import (
     EXIT_OK,
     EXIT_STATUS,
     add_address_options,
+    add_server_options,
     add_session_options,
     check_session_options,
     conversation_options,
@@ -33,6 +34,7 @@ from polymux.apps.common import (
     listening_on,
     parse_address,
     run as run_loop,
+    server_options,
     session_options,
     size,
 )
@@ -54,6 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_address_options(parser)
     parser.add_argument("--dest", required=True, help="target directory (created if missing)")
     parser.add_argument("--max-size", type=size, metavar="SIZE", help="refuse larger files, e.g. 1GiB")
+    add_server_options(parser)
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -74,7 +77,7 @@ async def receive(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, args.unix)
     receiver = Receiver(Path(args.dest), max_size=args.max_size)
     try:
-        options = {**session_options(args), **conversation_options(args.protocol)}
+        options = {**session_options(args), **conversation_options(args.protocol), **server_options(args)}
         server = await listen(address, receiver.handle, args.protocol, **options)
     except OSError as exc:
         print(f"receive: cannot listen on {address}: {exc}", file=sys.stderr)

@@ -5,8 +5,9 @@ channel per file, with progress bars (plain progress lines without a terminal).
     polymux send --protocol yamux --unix /tmp/ft.sock big.iso --as backups/big.iso
 
 A directory sends the files under it (named relative to it). Every file is SHA-256
-verified end to end. Run it again after an interruption: the receiver tells how much of
-each file it has and only the rest is sent. It prints one summary line: files verified,
+verified end to end. When the connection is lost it reconnects by itself (--retries, 10 by
+default; a jittered backoff of at most 30 s) and resumes every file from what the receiver
+has; run it again after it gave up, and only the rest is sent. It prints one summary line: files verified,
 bytes sent, seconds, MB/s, how many were resumed, unchanged and failed. Exit status 0 when
 every file is verified, 1 when one failed (refused, interrupted, checksum; each is printed
 with the receiver's reason) or a PATH cannot be read, 2 for bad arguments, 3 when there is
@@ -62,6 +63,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SIZE",
         help="bytes per second in all, e.g. 10MiB (at least 1KiB)",
     )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=10,
+        metavar="N",
+        help="reconnections after the connection is lost, each resuming every file (10; 0: give up "
+        "at the first loss)",
+    )
     parser.set_defaults(func=run, parser=parser)
 
 
@@ -76,12 +85,14 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(str(exc))
     if args.parallel < 1:
         args.parser.error("--parallel must be >= 1")
+    if args.retries < 0:
+        args.parser.error("--retries must be >= 0")
     return run_loop(send(args), use_uvloop=args.uvloop)
 
 
 async def send(args: argparse.Namespace) -> int:
     """Send ``args.paths``; the exit status."""
-    from polymux.apps.filetransfer import RateLimiter, collect, send_with_progress, summary
+    from polymux.apps.filetransfer import RateLimiter, collect, send_with_retries, summary
 
     address = parse_address(args.tcp, args.unix)
     try:
@@ -92,21 +103,26 @@ async def send(args: argparse.Namespace) -> int:
     except ValueError as exc:  # --as with a directory
         print(f"send: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    limiter = RateLimiter(args.limit_rate) if args.limit_rate else None
     try:
-        session = await connect(address, args.protocol, timeout=30, **session_options(args))
+        result = await send_with_retries(
+            lambda: connect(address, args.protocol, timeout=30, **session_options(args)),
+            transfers,
+            retries=args.retries,
+            parallel=args.parallel,
+            progress=args.progress,
+            limiter=limiter,
+            give_up=peer_mismatch,
+        )
     except NoSession as exc:
         print(f"send: {exc}", file=sys.stderr)
         return EXIT_NO_SESSION
-    limiter = RateLimiter(args.limit_rate) if args.limit_rate else None
-    async with session:
-        elapsed = await send_with_progress(
-            session, transfers, parallel=args.parallel, progress=args.progress, limiter=limiter
-        )
-    failed = [t for t in transfers if t.status == "failed"]
-    if failed and (why := peer_mismatch(session)) is not None:
-        print(f"send: no {args.protocol} session with {address}: {why}", file=sys.stderr)
+    if result.gave_up is not None:
+        print(f"send: no {args.protocol} session with {address}: {result.gave_up}", file=sys.stderr)
         return EXIT_NO_SESSION
+    failed = [t for t in transfers if t.status not in ("done", "unchanged")]
     for t in failed:
         print(f"send: error: {t.name!r}: {t.error}", file=sys.stderr)
-    print(f"send: {summary(transfers, elapsed, min(args.parallel, len(transfers)))}", flush=True)
+    line = summary(transfers, result.elapsed, min(args.parallel, len(transfers)), result.reconnects)
+    print(f"send: {line}", flush=True)
     return EXIT_FAILED if failed else EXIT_OK

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import polymux
 from polymux.apps.common import (
@@ -29,6 +30,7 @@ from polymux.apps.common import (
     Address,
     add_address_options,
     add_liveness_options,
+    add_server_options,
     add_session_options,
     check_session_options,
     diagnosing_capture,
@@ -39,6 +41,7 @@ from polymux.apps.common import (
     parse_address,
     run as run_loop,
     serve_until_stopped,
+    server_options,
     session_options,
     size_type,
     two_way,
@@ -90,6 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SIZE",
         help="per-connection budget of unread + unsent bytes, e.g. 32MiB (default 32MiB; at least 64KiB)",
     )
+    add_server_options(limits)
     add_liveness_options(
         limits,
         handshake_help="seconds a new connection may take to send its handshake, or on formats without one "
@@ -118,12 +122,18 @@ def run(args: argparse.Namespace) -> int:
         logger.setLevel(logging.WARNING)
     mode = "discard" if args.discard else "echo"
     return run_loop(
-        _serve(args.protocol, address, mode, options, args.max_connections), use_uvloop=args.uvloop
+        _serve(args.protocol, address, mode, options, args.max_connections, server_options(args)),
+        use_uvloop=args.uvloop,
     )
 
 
 async def _serve(
-    protocol: str, address: Address, mode: str, options: dict[str, object], max_connections: int = 1024
+    protocol: str,
+    address: Address,
+    mode: str,
+    options: dict[str, object],
+    max_connections: int = 1024,
+    limits: dict[str, Any] | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
     note = None
@@ -184,6 +194,7 @@ async def _serve(
             session_handler=session_opened,
             max_connections=max_connections,
             capture=diagnosing_capture(protocol, not_a_session),
+            **(limits or {}),
             **options,
         )
     except OSError as exc:

@@ -103,6 +103,8 @@ class Engine(ABC, Generic[R]):
     peer_pings: int = 0
     """Pings received from the peer (and answered), in all: on formats without credit, a
     peer that does not read (its backpressure) but pings shows that it is alive."""
+    peer_heartbeats: int = 0
+    """Heartbeats (:meth:`heartbeat`) received from the peer, in all."""
     _tables: ClassVar[tuple[Transitions, Transitions]]
     """The format's transition tables: ``[False]`` for channels the peer opened, ``[True]``
     for ours (the same table twice where the roles do not differ)."""
@@ -534,6 +536,12 @@ class Engine(ABC, Generic[R]):
         """Send a ping and return its opaque value; a ``PingAcked`` event follows. Formats
         without pings raise ``NotImplementedError``."""
         raise NotImplementedError(f"{self.format} has no ping")
+
+    def heartbeat(self) -> bool:
+        """Formats without pings: queue a heartbeat, a frame of the format that every
+        reader ignores and a polymux peer counts (:attr:`peer_heartbeats`) as a sign of
+        life. False where the format has none to send."""
+        return False
 
     def close(self) -> None:
         """Say goodbye on the wire, where the format has a way to (MultiplexingStream has

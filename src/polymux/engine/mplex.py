@@ -35,7 +35,17 @@ from polymux.wire import mplex as wire
 from polymux.wire.mplex import Flag
 
 
-__all__ = ["CAPABILITIES", "MAX_MESSAGE_SIZES", "MULTIPLEX_MAX_MESSAGE_SIZE", "MplexEngine"]
+__all__ = [
+    "CAPABILITIES",
+    "HEARTBEAT_STREAM",
+    "MAX_MESSAGE_SIZES",
+    "MULTIPLEX_MAX_MESSAGE_SIZE",
+    "MplexEngine",
+]
+
+HEARTBEAT_STREAM = 2**31 - 1
+"""The stream id of our heartbeats (a reset from its initiator, :meth:`MplexEngine.heartbeat`):
+one of our ids that we never open (ours count up from 0), below 2^53 (JavaScript's numbers)."""
 
 MULTIPLEX_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 """Default frame limit of the ``multiplex`` dialect (its npm package sends a write of any
@@ -155,6 +165,8 @@ class MplexEngine(Engine[ChannelRecord]):
         # Receiver flags (odd) concern streams we opened.
         record = self._by_wire.get((flag % 2 == 1, stream_id))
         if record is None:
+            if stream_id == HEARTBEAT_STREAM and flag == Flag.RESET_INITIATOR:
+                self.peer_heartbeats += 1
             return  # unknown, or already gone: ignored (a race with our reset or close)
         if flag in (Flag.CLOSE_INITIATOR, Flag.CLOSE_RECEIVER):
             self._recv_end(record, events)
@@ -187,6 +199,12 @@ class MplexEngine(Engine[ChannelRecord]):
     def ack_consumed(self, channel: int, n: int) -> None:
         """Nothing to do: mplex has no credit on the wire."""
         return
+
+    def heartbeat(self) -> bool:
+        """A reset of a stream of ours that is never opened (:data:`HEARTBEAT_STREAM`):
+        every implementation ignores frames for unknown streams."""
+        self._out.append(wire.encode_header(HEARTBEAT_STREAM, Flag.RESET_INITIATOR, 0))
+        return True
 
     # -- the wire side of the commands and helpers ---------------------------------------------
 

@@ -45,7 +45,11 @@ from polymux.wire import mstream as wire
 from polymux.wire.mstream import ControlCode as C
 
 
-__all__ = ["CAPABILITIES", "DEFAULT_REMOTE_WINDOW", "MStreamEngine", "MStreamRecord"]
+__all__ = ["CAPABILITIES", "DEFAULT_REMOTE_WINDOW", "HEARTBEAT_CODE", "MStreamEngine", "MStreamRecord"]
+
+HEARTBEAT_CODE = 0x68
+"""The control code of our heartbeats (:meth:`MStreamEngine.heartbeat`): unknown to the
+format (0-8), under 128 (a signed byte in the JS port's v1 reader)."""
 
 CAPABILITIES = {
     version: Capabilities(
@@ -253,6 +257,8 @@ class MStreamEngine(Engine[MStreamRecord]):
             raise self._error("frame received before the handshake")
         code = frame.code
         if code > C.CHANNEL_WINDOW_GROWTH_REQUEST:
+            if code == HEARTBEAT_CODE:
+                self.peer_heartbeats += 1
             return  # unknown codes are ignored, as the reference does
         key = self._key(frame)
         if code == C.OFFER:
@@ -464,6 +470,12 @@ class MStreamEngine(Engine[MStreamRecord]):
         out.append(self._header(code, record, len(payload)))
         if payload:
             out.append(payload)
+
+    def heartbeat(self) -> bool:
+        """A frame of an unknown code and no channel: the references' read loops (C#, JS)
+        skip unknown codes, as ours does."""
+        self._out.append(wire.encode_header(self.version, HEARTBEAT_CODE, None, 0))
+        return True
 
     def _release(self, record: MStreamRecord) -> None:
         if record.recv is not None:

@@ -232,6 +232,14 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
         if payload:
             self._out.append(payload)
 
+    def heartbeat(self) -> bool:
+        """A request for 0 messages (REQUEST_DATA, stream 0), which receivers ignore; only
+        over byte streams, whose length prefix is polymux's own (a WebSocket pings)."""
+        if self.message_mode:
+            return False
+        self._emit(Kind.REQUEST_DATA, 0, b"\x00")
+        return True
+
     # -- receiving ----------------------------------------------------------------------------
 
     def _receive(self, data: bytes, runs: DataRuns) -> None:
@@ -315,7 +323,10 @@ class OmnistreamsEngine(Engine[OmnistreamsRecord]):
             assert sid is not None
             record = by_wire.get((True, sid))
             count = payload[0]
-            if record is None or count == 0:
+            if count == 0:
+                self.peer_heartbeats += 1  # (we never request 0 messages: heartbeat())
+                return
+            if record is None:
                 return  # a request racing with our end or cancel
             record.send.grow(count)
             events.append(CreditAvailable(record.handle))

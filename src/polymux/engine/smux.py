@@ -246,6 +246,7 @@ class SmuxEngine(Engine[SmuxRecord]):
 
     def _on_frame(self, cmd: int, stream_id: int, body: BytesLike, events: list[Event]) -> None:
         if cmd == Cmd.NOP:
+            self.peer_pings += 1  # its keepalive: the session measures how often it comes
             return
         if cmd == Cmd.SYN:
             self._on_syn(stream_id, events)
@@ -378,6 +379,13 @@ class SmuxEngine(Engine[SmuxRecord]):
                 # A window below the 256 KiB the peer starts with: what it may have sent on
                 # that guess shrinks as we acknowledge, down to our window.
                 recv.window = max(record.window, wire.INITIAL_PEER_WINDOW - record.acked)
+
+    def heartbeat(self) -> bool:
+        """A NOP, with no ping waiting for what follows it: the regular keepalive of
+        xtaci's (its NOP every ``KeepAliveInterval``), which the session sends so that its
+        peer sees one every interval (our keepalive pings alone come every other one)."""
+        self._out.append(wire.encode_header(self.version, Cmd.NOP, 0))
+        return True
 
     def ping(self) -> int:
         """Send a NOP; returns an opaque value. Nothing answers a NOP: the next whole frame

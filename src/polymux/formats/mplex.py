@@ -12,7 +12,7 @@ from typing import Any
 
 from polymux.config import SessionConfig
 from polymux.engine.base import Engine
-from polymux.engine.mplex import CAPABILITIES, MAX_MESSAGE_SIZES, MplexEngine
+from polymux.engine.mplex import CAPABILITIES, HEARTBEAT_STREAM, MAX_MESSAGE_SIZES, MplexEngine
 from polymux.exceptions import ProtocolError
 from polymux.formats.format import Format, FormatDocs
 from polymux.formats.records import FrameRecord
@@ -167,6 +167,8 @@ class MplexWalk(Walk):
 
     def records(self, direction: str, item: Any, offset: int, time_ns: int) -> list[FrameRecord]:
         flag = item.flag
+        if flag == wire.Flag.RESET_INITIATOR and item.stream_id == HEARTBEAT_STREAM:
+            return [self.rec(direction, time_ns, offset, "", "heartbeat", 0, flag)]
         opener = direction if flag % 2 == 0 else OTHER[direction]
         key = f"{PREFIX[opener]}{item.stream_id}"
         body = item.body

@@ -13,7 +13,7 @@ from typing import Any
 
 from polymux.config import SessionConfig
 from polymux.engine.base import Engine
-from polymux.engine.mstream import CAPABILITIES, DEFAULT_REMOTE_WINDOW, MStreamEngine
+from polymux.engine.mstream import CAPABILITIES, DEFAULT_REMOTE_WINDOW, HEARTBEAT_CODE, MStreamEngine
 from polymux.exceptions import ProtocolError
 from polymux.formats.format import EngineFactory, Format, FormatDocs
 from polymux.formats.records import FrameRecord
@@ -327,6 +327,8 @@ class MStreamWalk(Walk):
                 )
             return [self.rec(direction, time_ns, offset, "", "handshake", 0, major)]
         code = item.code
+        if code == HEARTBEAT_CODE:
+            return [self.rec(direction, time_ns, offset, "", "heartbeat", 0, code)]
         channel = self._channel(direction, item)
         payload = item.payload
         n = len(payload)

@@ -140,6 +140,8 @@ class OmnistreamsWalk(Walk):
         if kind is K.CONTROL:
             return [rec(direction, time_ns, offset, "", "control", n, flags)]
         sid = item.stream_id
+        if kind is K.REQUEST_DATA and n == 1 and item.payload[0] == 0:
+            return [rec(direction, time_ns, offset, "", "heartbeat", 0, flags)]  # a request for nothing
         # Data flows from the stream's creator: it sends CREATE, DATA, END and
         # CANCEL_RECEIVE; the receiver sends REQUEST_DATA and CANCEL_SEND.
         receiver_side = kind in (K.REQUEST_DATA, K.CANCEL_SEND)

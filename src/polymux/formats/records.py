@@ -66,6 +66,7 @@ FRAME_TYPES = (
     "stop_reading",
     "ping",
     "pong",
+    "heartbeat",
     "go_away",
     "cancel",
     "cancel_ack",

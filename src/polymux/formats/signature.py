@@ -76,9 +76,10 @@ class Signature:
 
 
 def first(records: list[FrameRecord], direction: str) -> FrameRecord | None:
-    """The first record of ``direction``."""
+    """The first record of ``direction`` (polymux's heartbeats apart: a session may send
+    one before its first frame)."""
     for r in records:
-        if r.direction == direction:
+        if r.direction == direction and r.frame_type != "heartbeat":
             return r
     return None
 

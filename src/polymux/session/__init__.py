@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from polymux.session import events
+from polymux.session.budget import MemoryAccount
 from polymux.session.core import CoreChannel, NoRoomToOpen, SessionCore
 
 
-__all__ = ["CoreChannel", "NoRoomToOpen", "SessionCore", "events"]
+__all__ = ["CoreChannel", "MemoryAccount", "NoRoomToOpen", "SessionCore", "events"]

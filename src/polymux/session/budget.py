@@ -16,6 +16,11 @@ towards the budget, so that reading, once paused, always resumes: bytes waiting 
 peer's credit do not count (reading is what brings the credit), nor bytes the format holds
 until the peer ends a request (Streamux: reading is what ends it; the format bounds them
 itself with ``streamux_response_hold`` and ``streamux_hold_budget``).
+
+A third piece is shared: :class:`MemoryAccount`, one budget for every session of a server
+(``max_memory``). Each session's :class:`Budget` reports what it holds into it; while the
+sum is over the limit, every session that holds more than its share stops reading from its
+peer (:data:`SHARED`); sessions that hold little (a new client) go on.
 """
 
 from __future__ import annotations
@@ -30,7 +35,17 @@ from polymux.session import events as ce
 from polymux.session.channels import CoreChannel
 
 
-__all__ = ["BACKLOG", "BUDGET", "CONTROLS", "SLOW_READER", "STALLED", "Budget", "Pressure"]
+__all__ = [
+    "BACKLOG",
+    "BUDGET",
+    "CONTROLS",
+    "SHARED",
+    "SLOW_READER",
+    "STALLED",
+    "Budget",
+    "MemoryAccount",
+    "Pressure",
+]
 
 # Why reading from the peer is paused (bits of Pressure.bits).
 SLOW_READER = 1
@@ -41,8 +56,53 @@ BACKLOG = 4
 """Replies cannot be written (the peer does not read): ``max_queued_control``."""
 BUDGET = 8
 """The session holds ``max_session_memory`` (see the module docstring)."""
+SHARED = 16
+"""The server's sessions together hold its ``max_memory``, and this one more than its share
+(:class:`MemoryAccount`)."""
 STALLED = BACKLOG | BUDGET
 """Reasons that are the peer's doing while it takes none of our bytes: ``send_timeout``."""
+
+RECHECK = 0.1
+"""Seconds between two looks at the :class:`MemoryAccount` of a session it paused (the
+others' reading brings the sum down without telling it)."""
+
+
+class MemoryAccount:
+    """One memory budget shared by many sessions (a server's ``max_memory``): what each
+    session's :class:`Budget` holds (received and unread, plus unsent while its socket
+    takes nothing), summed. While the sum is over :attr:`limit`, a session holding at least
+    its share (the limit over the sessions) stops reading from its peer; it reads again once
+    the sum is down to three quarters of the limit, or its own holding to three quarters of
+    its share. So the sessions holding the most wait, and the sum stays near the limit
+    (each session may read one more time before it finds out: a read of at most 256 KiB);
+    a session that holds little, a new client's, is read all along."""
+
+    __slots__ = ("held", "limit", "members", "paused", "pauses")
+
+    def __init__(self, limit: int) -> None:
+        if not isinstance(limit, int) or limit <= 0:
+            raise ValueError(f"max_memory must be a positive int, got {limit!r}")
+        self.limit = limit
+        """Bytes all the sessions may hold together."""
+        self.held = 0
+        """Bytes they hold now."""
+        self.members = 0
+        """Sessions reporting into it."""
+        self.paused = 0
+        """Sessions it holds back now."""
+        self.pauses = 0
+        """Times it held one back, in all."""
+
+    def share(self) -> float:
+        """A session's share: the limit over the sessions."""
+        return self.limit / max(1, self.members)
+
+    def must_pause(self, held: int, paused: bool) -> bool:
+        """Whether a session holding ``held`` bytes (``paused``: held back now) is held
+        back: see the class docstring."""
+        if paused:
+            return self.held > self.limit * 3 // 4 and held > self.share() * 3 / 4
+        return self.held > self.limit and held >= self.share()
 
 
 class PressureListener(Protocol):
@@ -58,9 +118,12 @@ class PressureListener(Protocol):
 class Pressure:
     """Whether the core reads from the peer, and whether the socket takes our bytes."""
 
-    __slots__ = ("bits", "listener", "on_change", "pausers", "socket_unsent", "write_paused")
+    __slots__ = ("bits", "listener", "on_change", "pausers", "recheck", "socket_unsent", "write_paused")
 
     def __init__(self) -> None:
+        self.recheck: Callable[[], None] | None = None
+        """While :data:`SHARED` holds reading back: look at the :class:`MemoryAccount` again
+        (the liveness timer calls it every :data:`RECHECK` seconds)."""
         self.bits = 0
         """Why reading is paused (:data:`SLOW_READER` ... :data:`BUDGET`); 0: reading."""
         self.pausers = 0
@@ -112,6 +175,7 @@ class Budget:
     module docstring). Counts are in bytes."""
 
     __slots__ = (
+        "account",
         "channels",
         "engine",
         "format",
@@ -124,6 +188,7 @@ class Budget:
         "host",
         "low",
         "pressure",
+        "reported",
         "unread",
         "unsent",
         "unsent_cap",
@@ -164,13 +229,57 @@ class Budget:
         self.low = config.low_water
         self.held_writers: set[CoreChannel] = set()
         """Writers paused by the session's unsent bytes, not by their own marks."""
+        self.account: MemoryAccount | None = None
+        """The server's shared budget this session reports into (:meth:`join`)."""
+        self.reported = 0
+
+    # -- the server's shared budget ----------------------------------------------------------
+
+    def join(self, account: MemoryAccount) -> None:
+        """Report into ``account`` from now on (a server's ``max_memory``)."""
+        self.account = account
+        account.members += 1
+        self.pressure.recheck = self._shared
+        self.check()
+
+    def leave(self) -> None:
+        """The session is over: its bytes stop counting in the account."""
+        account = self.account
+        if account is None:
+            return
+        self.account = None
+        account.held -= self.reported
+        account.members -= 1
+        self.reported = 0
+        if self.pressure.bits & SHARED:
+            account.paused -= 1
+            self.pressure.block(SHARED, False)
+
+    def _shared(self) -> None:
+        """Follow the account: hold reading back, or let it go (see :class:`MemoryAccount`)."""
+        account = self.account
+        if account is None:
+            return
+        pressure = self.pressure
+        paused = bool(pressure.bits & SHARED)
+        if account.must_pause(self.held, paused) != paused:
+            account.paused += -1 if paused else 1
+            account.pauses += 0 if paused else 1
+            pressure.block(SHARED, not paused)
+
+    # -- this session's own budget -------------------------------------------------------------
 
     def check(self) -> None:
         """Pause reading while the session holds more than ``max_session_memory``; resume
-        at three quarters of it."""
+        at three quarters of it (and report into the server's account, if any)."""
         pressure = self.pressure
         held = self.unread + (self.unsent_counted if pressure.write_paused else 0)
         self.held = held
+        account = self.account
+        if account is not None:
+            account.held += held - self.reported
+            self.reported = held
+            self._shared()
         if held > self.hold_limit:
             if not pressure.bits & BUDGET:
                 pressure.block(BUDGET, True)

@@ -269,10 +269,14 @@ class SessionCore:
         except ProtocolError as exc:
             self._fail(mismatch(self.format, exc, self._peer_first, self.is_client) if early else exc)
             return True
+        live = self.liveness
+        live.rx_at = now  # any byte: the peer is there (heartbeats judge by it)
+        beat = engine.peer_heartbeats + engine.peer_pings != live.beats_seen
+        if beat:
+            live.beat_heard(now)  # (the driver then looks at the deadline again)
         runs = self.runs
         if events or engine.has_output or runs.received:
             # Whole frames arrived (bytes of a frame that never ends do not count).
-            live = self.liveness
             live.last_activity = now
             live.heard = True
             if live.first_frame_due:
@@ -295,7 +299,13 @@ class SessionCore:
         if pressure.write_paused and engine.queued_frames > self.config.max_queued_control:
             # The peer sends frames that need answers and does not read them.
             pressure.block(BACKLOG, True)
-        return bool(self.pending) or pressure.bits != bits or engine.has_output or bool(self.scheduler.ready)
+        return (
+            beat
+            or bool(self.pending)
+            or pressure.bits != bits
+            or engine.has_output
+            or bool(self.scheduler.ready)
+        )
 
     def _behind(self) -> None:
         """Inboxes past their limit (formats without credit): the slow-reader policy."""

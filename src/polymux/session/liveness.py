@@ -7,6 +7,16 @@
   every interval, judged only on what the peer could have answered (see
   :meth:`Liveness._check_keepalive`); while we do not read, formats without credit send
   heartbeats (pings whose answers are not awaited) so that the peer sees us alive.
+* silence: on formats without pings (MultiplexingStream, mplex, omnistreams) and smux, a
+  heartbeat (``Engine.heartbeat``: a frame every peer ignores; smux's is a NOP) once we have
+  sent a frame and heard one, then every interval, at least every :data:`HEARTBEAT_PERIOD`. From the
+  peer's first heartbeat on (or once the time between two of its pings was measured), a
+  peer from which no byte has come for its interval (at least ``keepalive_interval``) plus
+  ``keepalive_timeout`` while we read is gone (see :meth:`Liveness._check_silence`). A peer
+  that sends neither (a foreign implementation of a format without pings) is never judged
+  so.
+* the server's memory account (``max_memory``): while it holds reading back, a look at it
+  every :data:`~polymux.session.budget.RECHECK` seconds.
 * ``send_timeout``: reading held back (by the budget or queued replies) while the socket
   takes none of our bytes.
 
@@ -23,14 +33,19 @@ from polymux._types import BytesLike
 from polymux.config import SessionConfig
 from polymux.engine import Engine
 from polymux.exceptions import PolymuxError, SessionClosed
-from polymux.session.budget import STALLED, Pressure
+from polymux.session.budget import RECHECK, SHARED, STALLED, Pressure
 
 
-__all__ = ["BUSY_READ", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
+__all__ = ["BUSY_READ", "HEARTBEAT_PERIOD", "STALL_TIMEOUT_WITHOUT_CREDIT", "Liveness"]
 
 BUSY_READ = 64 * 1024
 """A socket read at least this large means the peer had more queued: it is busy, not dead
 (keepalive waits longer for an answer that sits behind what it sent)."""
+
+HEARTBEAT_PERIOD = 15.0
+"""The longest time between two heartbeats (formats without pings): every
+``keepalive_interval``, but at least this often whatever the setting, so that a peer judges
+us by it from our first heartbeat on, without waiting to measure our interval."""
 
 STALL_TIMEOUT_WITHOUT_CREDIT = 120.0
 """The default ``stall_timeout`` of formats without credit on the wire (mstream-v1, mplex,
@@ -106,12 +121,33 @@ class Liveness:
         self.ka_peer_pings = 0  # the peer's pings when ours went out (formats without credit)
         self.credit = engine.has_flow_control
         self.heartbeat_at: float | None = None
+        # Silence: heartbeats (formats without pings) and the peer's own pings.
+        self.beats = config.keepalive_interval is not None
+        """We judge a peer that sends heartbeats or pings regularly by its silence."""
+        self.beating = self.beats and not (engine.has_ping and engine.ping_answered)
+        """We send heartbeats: formats without pings, and smux, whose NOP nothing answers
+        (each side's keepalive NOP waits for the other's: alone they come every other
+        interval)."""
+        self.beat_due: float | None = None
+        self.rx_at = now
+        """When bytes (any) last came from the peer (the core sets it on every read)."""
+        self.beats_seen = 0
+        """The peer's heartbeats and pings counted so far (``Engine.peer_heartbeats`` +
+        ``Engine.peer_pings``)."""
+        self.beat_at: float | None = None
+        self.beat_gap = 0.0
+        """The longest time measured between two of the peer's heartbeats or pings while we
+        read, :data:`HEARTBEAT_PERIOD` from its first heartbeat until measured (0: the peer
+        is not judged)."""
+        self.beat_clean = False  # reading went on since the peer's last heartbeat
+        self.beat_first = False  # our first heartbeat waits for our first frame
+        self.beat_unread = False  # reading was paused since the last silence check
 
     # -- the core's calls --------------------------------------------------------------------
 
     def connection_made(self, now: float) -> None:
         """The connection is up: the handshake (or first-frame) clock starts."""
-        self.last_activity = now
+        self.last_activity = self.rx_at = now
         if not self.ready or self.first_frame_due:
             self.handshake_at = now + self.config.handshake_timeout
 
@@ -120,6 +156,8 @@ class Liveness:
         the keepalive's clock starts."""
         self.ready = True
         self.handshake_at = None
+        if self.beating and not self.first_frame_due:  # (a server: once its client spoke)
+            self._first_beat(now)
         if self.engine.has_ping:
             self.ping(now, by_application=False)
             if self.keepalive:
@@ -127,9 +165,11 @@ class Liveness:
 
     def lift_first_frame(self) -> None:
         """The peer's first frame arrived, or the application opened a channel (the peer
-        may then only listen): no first-frame deadline."""
+        may then only listen): no first-frame deadline, and our first heartbeat."""
         self.first_frame_due = False
         self.handshake_at = None
+        if self.beating and self.ready and self.beat_due is None:
+            self._first_beat(self.host.now)
 
     def ping(self, now: float, *, by_application: bool = True) -> int:
         """Send a ping (see ``SessionCore.ping``)."""
@@ -165,8 +205,9 @@ class Liveness:
     def lost(self) -> None:
         """The connection is gone: no more deadlines."""
         self.pings.clear()
-        self.stall_at = self.handshake_at = self.ping_due = self.heartbeat_at = None
+        self.stall_at = self.handshake_at = self.ping_due = self.heartbeat_at = self.beat_due = None
         self.ka_opaque = None
+        self.beat_gap = 0.0
 
     # -- reading stopped (the Pressure's listener) -------------------------------------------
 
@@ -174,6 +215,8 @@ class Liveness:
         """Reading from the peer stopped: the keepalive does not judge what we did not read;
         without credit, heartbeats tell the peer we are alive."""
         self.ka_unread = True
+        self.beat_unread = True
+        self.beat_clean = False
         if self.keepalive and not self.credit and self.heartbeat_at is None:
             self.heartbeat_at = self.host.now + self._heartbeat_period()
 
@@ -186,12 +229,33 @@ class Liveness:
 
     def next_deadline(self, quiet: bool) -> float | None:
         """The first of our deadlines (``quiet``: no channels and no error, so
-        ``idle_timeout`` runs)."""
+        ``idle_timeout`` runs). The drivers ask after every change, before they write: when
+        our first frame waits to be written, our first heartbeat is queued behind it here,
+        to go in the same write (:meth:`_first_beat`)."""
+        if self.host.failed:
+            return None  # over: the driver closes the connection
         timeout = self.config.idle_timeout
         idle = self.last_activity + timeout if timeout is not None and quiet else None
         keepalive = self.ka_deadline if self.ka_opaque is not None else None
-        due = None  # (no list, no call: the drivers ask after every read)
-        for when in (self.handshake_at, self.stall_at, self.ping_due, self.heartbeat_at, keepalive, idle):
+        silence = self.rx_at + self.silence_bound() if self.beat_gap else None
+        # Held back by the server's memory: look again soon (MemoryAccount).
+        recheck = self.host.now + RECHECK if self.pressure.bits & SHARED else None
+        due = self.beat_due  # (no list, no call: the drivers ask after every read)
+        if self.beat_first:
+            if not self.bytes_out and self.engine.has_output:
+                self._ride()  # our first frame waits to be written: the heartbeat goes with it
+            elif self.bytes_out and self.heard:
+                due = self.host.now  # both sides spoke the format: our first heartbeat now
+        for when in (
+            self.handshake_at,
+            self.stall_at,
+            self.ping_due,
+            self.heartbeat_at,
+            keepalive,
+            idle,
+            silence,
+            recheck,
+        ):
             if when is not None and (due is None or when < due):
                 due = when
         return due
@@ -200,6 +264,9 @@ class Liveness:
         """Act on the deadlines due at ``now`` (``unsent``: the socket's unsent bytes); a
         failure ends the session through the host."""
         host = self.host
+        pressure = self.pressure
+        if pressure.bits & SHARED and pressure.recheck is not None:
+            pressure.recheck()
         if self.handshake_at is not None and now >= self.handshake_at:
             self.handshake_at = None
             what = "not one whole frame" if self.first_frame_due else "no handshake"
@@ -225,6 +292,12 @@ class Liveness:
                 self._keepalive_ping(now, unsent)
         if self.heartbeat_at is not None and now >= self.heartbeat_at:
             self._heartbeat(now)
+        if self.beat_due is not None and (
+            now >= self.beat_due or (self.beat_first and self.bytes_out and self.heard)
+        ):
+            self._beat(now)
+        if self.beat_gap and now >= self.rx_at + self.silence_bound():
+            self._check_silence(now)
 
     def idle_check(self, now: float, quiet: bool) -> SessionClosed | None:
         """``idle_timeout``: the error that ends a ``quiet`` session idle too long, if due."""
@@ -373,6 +446,83 @@ class Liveness:
         self._keepalive_failed(
             f"keepalive failed: no answer to a ping within {waited:.3g} s "
             f"(keepalive_timeout={self.config.keepalive_timeout:g})"
+        )
+
+    # -- heartbeats and silence ----------------------------------------------------------------
+
+    def _first_beat(self, now: float) -> None:
+        """Our first heartbeat goes in the same write as our first frame (never before it:
+        the first bytes of each direction stay the format's own, for the peer's and a
+        tracer's detection of the format; and in the same write, so that a peer of another
+        format that reads our frame and closes does not find bytes of ours still coming,
+        which would turn its close into a reset). If our first frame left without it, as
+        soon as both sides have spoken the format; else one period from now."""
+        self.beat_first = True
+        self.beat_due = now + min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
+
+    def _ride(self) -> None:
+        """Queue our first heartbeat behind our first frame (see :meth:`_first_beat`)."""
+        self.beat_first = False
+        self.engine.now = self.host.now
+        if not self.engine.heartbeat():
+            self.beating = False
+            self.beat_due = None
+
+    def _beat(self, now: float) -> None:
+        """Send a heartbeat (and the next in ``keepalive_interval``, at most
+        :data:`HEARTBEAT_PERIOD`); not while frames of ours still wait to go out (the peer
+        gets those: while it does not read, heartbeats do not pile up), nor once we close."""
+        interval = min(self.config.keepalive_interval or 0.0, HEARTBEAT_PERIOD)
+        self.beat_due = now + interval
+        self.beat_first = False
+        if self.engine.has_output or self.host.closing:
+            return
+        self.engine.now = now
+        if not self.engine.heartbeat():  # the format has none (omnistreams over WebSocket)
+            self.beating = False
+            self.beat_due = None
+
+    def beat_heard(self, now: float) -> None:
+        """The peer's count of heartbeats and pings changed in the read just processed (the
+        core calls this). A heartbeat shows that the peer sends one at least every
+        :data:`HEARTBEAT_PERIOD`: it is judged from then on; a peer's pings, only once the
+        time between two of them was measured. That time, when we read all along, is its
+        interval."""
+        engine = self.engine
+        count = engine.peer_heartbeats + engine.peer_pings
+        if not self.beats:
+            self.beats_seen = count
+            return
+        if self.beat_at is not None and self.beat_clean:
+            self.beat_gap = max(self.beat_gap, now - self.beat_at)
+        elif engine.peer_heartbeats and not self.beat_gap:
+            self.beat_gap = HEARTBEAT_PERIOD  # (until measured)
+        self.beats_seen = count
+        self.beat_at = now
+        self.beat_clean = not self.pressure.bits
+
+    def silence_bound(self) -> float:
+        """How long a peer that sends heartbeats or pings may send nothing while we read:
+        its interval as measured (at least ours) plus ``keepalive_timeout``."""
+        config = self.config
+        return max(self.beat_gap, config.keepalive_interval or 0.0) + config.keepalive_timeout
+
+    def _check_silence(self, now: float) -> None:
+        """Nothing from a peer that sends heartbeats or pings for :meth:`silence_bound`:
+        gone. Not judged while we do not read, nor just after (what it sent may wait in our
+        socket): the clock starts again."""
+        if self.pressure.bits or self.beat_unread:
+            self.beat_unread = bool(self.pressure.bits)
+            self.rx_at = now
+            return
+        timeout = self.config.keepalive_timeout
+        self.host.fail(
+            SessionClosed(
+                f"{self.format}: keepalive failed: nothing from the peer for {now - self.rx_at:.3g} s "
+                f"(it sends a heartbeat or a ping at least every {self.silence_bound() - timeout:.3g} s; "
+                f"keepalive_timeout={timeout:g}): the connection is gone",
+                ending=SessionClosed.VANISHED,
+            )
         )
 
     def _keepalive_failed(self, problem: str) -> None:
