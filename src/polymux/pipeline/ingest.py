@@ -385,6 +385,15 @@ def write_frames(
     return total
 
 
+_PARQUET_OPTIONS: dict[str, Any] = {
+    # Dictionary pages for the text columns only (few values each); trying them on every
+    # integer column too cost a third of the write. Statistics where a filter may use
+    # them (the reports skip row groups without names or detections by them).
+    "use_dictionary": [name for name, kind in FRAME_FIELDS + EXTRA_FIELDS if kind.startswith("str")],
+    "write_statistics": ["session", "time_ns", "frame_type", "channel_name", "detection", "seq"],
+}
+
+
 def _write_batches(
     batches: Iterator[pa.RecordBatch], protocol: ProtocolChoice, folder: str, tag: str
 ) -> Iterator[pa.RecordBatch]:
@@ -404,7 +413,7 @@ def _write_batches(
     try:
         for batch in decode_units(_rows_of(batches), protocol):
             if writer is None:
-                writer = pq.ParquetWriter(tmp, batch.schema)
+                writer = pq.ParquetWriter(tmp, batch.schema, **_PARQUET_OPTIONS)
             writer.write_batch(batch)
             count += batch.num_rows
         if writer is not None:
