@@ -66,7 +66,7 @@ by session id (``polymux.tracing.forced_format``), or None (detect)."""
 
 def _sessions(
     rows: Iterable[tuple[str, str, bytes]], protocol: ProtocolChoice
-) -> Iterator[tuple[str, Iterator[Any] | _FramesUnit]]:
+) -> Iterator[tuple[str, Iterator[Any] | _FramesUnit | _Batches]]:
     """``(detection, frame records)`` per session (a pcap file gives one per flow)."""
     from polymux import tracing
 
@@ -117,11 +117,21 @@ def _sessions(
 
         yield (
             "recorded in the capture",
-            tracing.decode_chunks(first.format, unit_chunks(), session=first.session),
+            _Batches(
+                tracing.decode_batches(first.format, unit_chunks(), session=first.session, rows=_BATCH_ROWS)
+            ),
         )
-        # decode_chunks may stop early (a violation in both directions): skip the rest
+        # in case the batches stopped early: skip the rest of the unit
         while peek is not None and peek[0] == unit:
             peek = next(iterator, None)
+
+
+class _Batches:
+    """A raw capture's session, decoded: the frame records as Arrow batches (the
+    contract's 14 columns; :func:`polymux.tracing.decode_batches`)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self.batches = batches
 
 
 class _FramesUnit:
@@ -229,6 +239,16 @@ def decode_units(
             continue
         last: dict[str, int] = {}
         seq = 0
+        if isinstance(records, _Batches):
+            for batch in records.batches:
+                n = batch.num_rows
+                arrays = batch.columns
+                arrays += _extra_columns(
+                    arrays[_CHANNEL], arrays[_CREDIT_DIR], arrays[_CREDIT], last, seq, detection
+                )
+                seq += n
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            continue
         while block := list(itertools.islice(records, _BATCH_ROWS)):
             n = len(block)
             # One pass in C over the records (tuples): a struct array, then its columns.
