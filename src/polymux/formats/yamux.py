@@ -28,7 +28,17 @@ _DATA = FRAME_TYPE_CODES["data"]
 _WINDOW_UPDATE = FRAME_TYPE_CODES["window_update"]
 _HEAD = [("version", "u1"), ("type", "u1"), ("flags", ">u2"), ("sid", ">u4"), ("length", ">u4")]
 """The header as a numpy record (wire.HEADER, ``>BBHII``)."""
-_HEAD_BYTES = tuple(range(12))
+_numpy_head: tuple[Any, Any] | None = None
+
+
+def _head_layout() -> tuple[Any, Any]:
+    """(the header's 12 byte offsets, its numpy record type), made once."""
+    global _numpy_head
+    if _numpy_head is None:
+        import numpy as np
+
+        _numpy_head = (np.arange(12), np.dtype(_HEAD))
+    return _numpy_head
 
 
 def _cumsum_by(values: Any, group: Any) -> Any:
@@ -172,7 +182,8 @@ class YamuxWalk(Walk):
         import numpy as np
 
         at = np.frombuffer(starts, np.int64)
-        heads = np.frombuffer(buf, np.uint8)[at[:, None] + _HEAD_BYTES].view(_HEAD).reshape(n)
+        offsets, record = _head_layout()
+        heads = np.frombuffer(buf, np.uint8)[at[:, None] + offsets].view(record).reshape(n)
         kind = heads["type"]
         length = heads["length"].astype(np.int64)
         # the credit each frame changes: its sender's (Data) or the other's (WindowUpdate);
