@@ -143,3 +143,24 @@ def test_yamux_overrun_in_a_run_is_the_general_paths_violation(monkeypatch: pyte
     _Counting.vectorised = 0
     assert _batched("yamux", chunks) == expected
     assert _Counting.vectorised >= YamuxWalk.COLUMN_RUN_MIN  # the frames before it: vectorised
+
+
+def test_record_columns_round_trip_with_a_big_channel_table() -> None:
+    """Records through RecordColumns come back as they went in: nulls, errors, names,
+    ping ids; also once the session's channel table is far bigger than a batch."""
+    held = columns.RecordColumns()
+
+    def rec(i: int) -> FrameRecord:
+        return FrameRecord(
+            "s", ("c2s", "s2c")[i % 2], i, "mplex", 10 * i, f"c{i}#2", ("data", "ping", "violation")[i % 3],
+            i, i % 4, None if i % 2 else -i, ("", "c2s", "s2c")[i % 3], i if i % 3 == 1 else None,
+            "bad" if i % 3 == 2 else None, f"name {i % 5}" if i % 7 else None,
+        )  # fmt: skip
+
+    first = [rec(i) for i in range(5000)]
+    held.add_records(first)
+    assert _rows([pa.RecordBatch.from_arrays(held.arrays("s", "mplex"), schema=frame_schema())]) == first
+    held.clear()
+    again = [rec(i) for i in range(4990, 5003)]  # 13 rows; 5,003 channels known
+    held.add_records(again)
+    assert _rows([pa.RecordBatch.from_arrays(held.arrays("s", "mplex"), schema=frame_schema())]) == again

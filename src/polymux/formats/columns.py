@@ -196,15 +196,22 @@ class RecordColumns:
             return np.frombuffer(values, dtype) if n else np.zeros(0, dtype)
 
         def strings(table: Sequence[str], codes: Any, nulls: bool = False) -> pa.Array:
+            if len(table) > n:  # a big table (a session of many channels): the codes used only
+                used = np.unique(codes[codes >= 0] if nulls else codes)
+                table = [table[i] for i in used.tolist()]
+                codes = (
+                    np.where(codes < 0, -1, np.searchsorted(used, codes))
+                    if nulls
+                    else np.searchsorted(used, codes)
+                )
             return pa.array(table, pa.string()).take(pa.array(codes, mask=codes < 0 if nulls else None))
 
         credit = column(self.credit, np.int64)
         ping = column(self.ping_id, np.int64)
         if self.errors:
-            rows = list(self.errors)
-            error = pa.array(list(self.errors.values()), pa.string()).take(
-                pa.array(np.searchsorted(rows, np.arange(n)), mask=~np.isin(np.arange(n), rows))
-            )
+            codes = np.full(n, -1, np.int32)
+            codes[list(self.errors)] = np.arange(len(self.errors))
+            error = strings(list(self.errors.values()), codes, nulls=True)
         else:
             error = pa.nulls(n, pa.string())
         return [
