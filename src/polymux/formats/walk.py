@@ -210,7 +210,7 @@ class Walk:
         """:meth:`fast_run` vectorised (optional per format): the records of the whole
         frames from ``buf[pos:]`` on, as long as they are of the most common kinds, go into
         ``columns`` (numpy over all their headers at once; only finding where
-        each frame starts is a loop, :mod:`polymux.formats.scan`), each exactly as
+        each frame starts is a loop, ``polymux.formats.scan``), each exactly as
         :meth:`records` would give it. Returns where it stopped, at a frame boundary; ``pos``
         (nothing taken, nothing changed) when fewer than :attr:`COLUMN_RUN_MIN` frames
         would go this way (:meth:`fast_run` is cheaper for a few)."""

@@ -201,7 +201,7 @@ class FrameDecoder:
 
     def take_batch(self) -> pa.RecordBatch:
         """With ``columns``: the records held, in decode order, as a record batch of
-        :func:`~polymux.tracing.frame_schema`; none are held after."""
+        ``frame_schema()``; none are held after."""
         import pyarrow as pa
 
         from polymux.tracing.records import frame_schema
@@ -637,7 +637,7 @@ def decode_batches(
     rows: int = 65536,
 ) -> Iterator[pa.RecordBatch]:
     """:func:`decode_chunks`, as Arrow record batches of
-    :func:`~polymux.tracing.frame_schema` (the same records in the same order), of at least
+    ``frame_schema()`` (the same records in the same order), of at least
     ``rows`` records each but the last: what the pipeline ingests. Where the format's walk
     has vectorised runs (:meth:`polymux.formats.Walk.column_run`; with numpy), chunks of
     many common frames become columns without a Python object per record."""
@@ -666,7 +666,7 @@ def decode_batches(
 
 
 def _tuples_batch(records: list[FrameRecord]) -> pa.RecordBatch:
-    """Records as a batch of :func:`~polymux.tracing.frame_schema`: one pass in C over the
+    """Records as a batch of ``frame_schema()``: one pass in C over the
     tuples (a struct array), then its columns."""
     import pyarrow as pa
 
