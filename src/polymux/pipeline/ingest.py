@@ -4,10 +4,12 @@ Inputs are raw polymux captures (``*.pmcap.parquet``, written by
 ``polymux.tracing.CaptureRecorder``), frame records (``*.pmframes.parquet``, written by
 ``CaptureRecorder(mode="records")``) and packet captures (``*.pcap``, ``*.pcapng``), given
 as files, folders (searched recursively) or glob patterns. Spark reads each file whole
-(``binaryFile``); ``mapInArrow`` decodes it with ``polymux.tracing.decode_chunks`` (the
-``polymux.wire`` codecs) on the executors, one task per file, so the work is partitioned by
-flow; a frames file is already decoded: its columns are taken as they are (the ingest only
-adds ``seq``, ``credit_before`` and ``detection``, vectorised). A session whose capture
+(``binaryFile``); ``mapInArrow`` decodes it with ``polymux.tracing.decode_batches`` (the
+``polymux.wire`` codecs' frame-record walks, vectorised where a walk can) on the executors,
+one task per file, so the work is partitioned by flow; a frames file is already decoded:
+its columns are taken as they are (the ingest only adds ``seq``, ``credit_before`` and
+``detection``, vectorised). :func:`write_frames` has each task write its Parquet file
+itself; :func:`ingest` gives the same rows as a lazy DataFrame. A session whose capture
 rotated into several files is taken in one piece: those files (only those) are brought
 together by session and sorted by sequence number first. A frames file whose session's
 raw capture is among the inputs too (``frames=True``) is left out: the bytes are decoded.
