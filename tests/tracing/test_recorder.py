@@ -148,3 +148,37 @@ def test_write_errors_are_kept_not_raised(tmp_path: Path) -> None:
     recorder.close()
     assert len(recorder.errors) == 1
     assert isinstance(recorder.errors[0], OSError)
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_drop_behind_lets_written_pages_go(
+    tmp_path: Path, drop: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drop_behind: after each batch, the raw file's last DROP_WINDOW bytes are advised
+    out of the page cache (the newest start going to disk, the older leave); the capture
+    reads back the same either way."""
+    from polymux.tracing import capture
+
+    advised: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    monkeypatch.setattr(capture, "DROP_WINDOW", 3000)
+    block = bytes(range(256)) * 4  # 1 KiB
+    with CaptureRecorder(tmp_path, batch_bytes=1024, drop_behind=drop) as recorder:
+        sink = recorder({"format": "yamux", "role": "client", "local": "", "peer": ""})
+        for _ in range(8):
+            sink.sent([block])
+        sink.close()
+    assert read_capture(recorder.paths[0]).chunks[3][2] == block
+    if not drop:
+        assert advised == []
+        return
+    # one call per batch, each over the last 3000 bytes written (or all, at first)
+    assert advised == [
+        (max(0, n - 3000), min(n, 3000), os.POSIX_FADV_DONTNEED) for n in range(1024, 8193, 1024)
+    ]

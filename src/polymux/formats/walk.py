@@ -13,10 +13,14 @@ replays, violations, truncation), is :class:`polymux.tracing.FrameDecoder`.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polymux.engine.flow import SendCredit
 from polymux.formats.records import C2S, S2C, FrameRecord
+
+
+if TYPE_CHECKING:
+    from polymux.formats.columns import RecordColumns
 
 
 __all__ = [
@@ -188,6 +192,28 @@ class Walk:
         one loop over many frames, for chunks that hold many. Returns where it stopped (at
         a frame boundary: a frame it leaves to the general path, or one not whole in
         ``buf``)."""
+        return pos
+
+    COLUMN_RUN_MIN = 256
+    """Frames a vectorised run must hold to be worth its fixed cost (:meth:`column_run`)."""
+
+    def column_run(
+        self,
+        direction: str,
+        buf: Any,
+        pos: int,
+        end: int,
+        offset: int,
+        time_ns: int,
+        columns: RecordColumns,
+    ) -> int:
+        """:meth:`fast_run` vectorised (optional per format): the records of the whole
+        frames from ``buf[pos:]`` on, as long as they are of the most common kinds, go into
+        ``columns`` (numpy over all their headers at once; only finding where
+        each frame starts is a loop, ``polymux.formats.scan``), each exactly as
+        :meth:`records` would give it. Returns where it stopped, at a frame boundary; ``pos``
+        (nothing taken, nothing changed) when fewer than :attr:`COLUMN_RUN_MIN` frames
+        would go this way (:meth:`fast_run` is cheaper for a few)."""
         return pos
 
     # helpers

@@ -18,7 +18,14 @@ or step by step on your own SparkSession::
 
 from __future__ import annotations
 
-from polymux.pipeline.ingest import INGEST_SETTINGS, InputFile, decode_units, find_inputs, ingest
+from polymux.pipeline.ingest import (
+    INGEST_SETTINGS,
+    InputFile,
+    decode_units,
+    find_inputs,
+    ingest,
+    write_frames,
+)
 from polymux.pipeline.jobs import Summary, analyze, collect_reports, write_reports
 from polymux.pipeline.page import write_html
 from polymux.pipeline.reports import REPORTS, reports
@@ -44,6 +51,7 @@ __all__ = [
     "reports",
     "sql_conf",
     "under_spark_submit",
+    "write_frames",
     "write_html",
     "write_reports",
 ]

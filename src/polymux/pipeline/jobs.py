@@ -14,9 +14,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-from polymux.pipeline.ingest import INGEST_SETTINGS, InputFile, ProtocolChoice, find_inputs, ingest
+from polymux.pipeline.ingest import InputFile, ProtocolChoice, find_inputs, write_frames
 from polymux.pipeline.page import write_html
 from polymux.pipeline.reports import REPORTS, SORT_KEYS, reports
+from polymux.pipeline.schema import frames_struct
 from polymux.pipeline.spark import Progress, build_session, sql_conf, stop_quietly, under_spark_submit
 
 
@@ -120,11 +121,9 @@ def _run(
     if table_dir.exists():
         shutil.rmtree(table_dir)
     with steps.stage("ingest") as info:
-        frames = ingest(spark, files, protocol)
-        with sql_conf(spark, INGEST_SETTINGS):
-            frames.write.mode("overwrite").parquet("file://" + str(table_dir))
-        table = spark.read.parquet("file://" + str(table_dir))
-        count = table.count()
+        # The executors write the table themselves (Arrow to Parquet, no JVM rows).
+        count = write_frames(spark, files, table_dir, protocol)
+        table = spark.read.schema(frames_struct()).parquet("file://" + str(table_dir))
         info["detail"] = f"{len(files)} files -> {count:,} frames in {table_dir}"
     with steps.stage("reports") as info, sql_conf(spark, report_settings(spark)):
         computed = reports(table)

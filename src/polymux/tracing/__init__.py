@@ -8,7 +8,9 @@
   :func:`read_pcap` / :func:`read_pcap_bytes` reassemble the TCP flows of a pcap or pcapng
   file (tcpdump, tshark) into the same chunks.
 * :func:`decode_chunks` decodes chunks with the :mod:`polymux.wire` codecs into
-  :class:`FrameRecord` rows (:data:`FRAME_FIELDS`), passively: never raises on bad input.
+  :class:`FrameRecord` rows (:data:`FRAME_FIELDS`), passively: never raises on bad input;
+  :func:`decode_batches` gives the same records as Arrow record batches (vectorised where
+  a format's walk can), for the pipeline.
 * :func:`detect` tells the format from the first bytes of each direction (with the
   evidence, a confidence, and "ambiguous: mplex or multiplex" where the bytes cannot
   tell); :func:`decode_flow` decodes a connection as the detected format, retrying the
@@ -31,7 +33,7 @@ from polymux.tracing.capture import (
     read_capture_bytes,
     read_session,
 )
-from polymux.tracing.decode import FrameDecoder, decode_chunks
+from polymux.tracing.decode import FrameDecoder, decode_batches, decode_chunks
 from polymux.tracing.detect import (
     DecodedFlow,
     Detection,
@@ -64,6 +66,7 @@ __all__ = [
     "Flow",
     "FrameDecoder",
     "FrameRecord",
+    "decode_batches",
     "decode_chunks",
     "decode_flow",
     "detect",

