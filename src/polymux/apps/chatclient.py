@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import random
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -150,7 +149,7 @@ class ReconnectingChatClient:
         """Rooms the server closed (not joined again), with its reason."""
         self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(max_events)
         self._lost: asyncio.Future[str] | None = None
-        self._heard = time.monotonic()
+        self._heard = 0.0  # set when the first connection goes live
         self._heard_event = asyncio.Event()
         self._confirmed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -295,7 +294,7 @@ class ReconnectingChatClient:
     def _go_live(self, session: Session, client: ChatClient) -> None:
         self.session, self.client = session, client
         self._lost = asyncio.get_running_loop().create_future()
-        self._heard = time.monotonic()
+        self._heard = _now()
         for name in client.channels:
             self._spawn(self._read_room(self.rooms[name], client, self._lost))
         if self.ping_interval is not None:
@@ -315,7 +314,7 @@ class ReconnectingChatClient:
             lost.set_result(reason)
 
     def _heard_now(self) -> None:
-        self._heard = time.monotonic()
+        self._heard = _now()
         self._heard_event.set()
 
     async def _deliver(self, room: _Room, record: dict[str, Any]) -> None:
@@ -391,7 +390,7 @@ class ReconnectingChatClient:
         """Check the connection when the server has been quiet for ``ping_interval``."""
         assert self.ping_interval is not None
         while not lost.done():
-            quiet = time.monotonic() - self._heard
+            quiet = _now() - self._heard
             if quiet < self.ping_interval:
                 await asyncio.sleep(self.ping_interval - quiet)
                 continue
@@ -403,7 +402,7 @@ class ReconnectingChatClient:
                 self._heard_now()
                 continue
             self._heard_event.clear()
-            asked = time.monotonic()
+            asked = _now()
             # The answer (or anything else) within ping_timeout; a send stuck on a dead
             # connection's flow control counts against the same time.
             with contextlib.suppress(TimeoutError, ConnectionError, PolymuxError, KeyError):
@@ -411,7 +410,7 @@ class ReconnectingChatClient:
                     await client.send(rooms[0], {"type": "ping"})
                     await self._heard_event.wait()
             if self._heard < asked and not self._events.full():
-                silent = time.monotonic() - self._heard
+                silent = _now() - self._heard
                 self._give_up_connection(lost, f"no answer from the server for {silent:.0f} s")
                 client.session.abort()
                 return
@@ -524,6 +523,11 @@ class ReconnectingChatClient:
                     if message_id in room.pending:
                         await self._send(room, message_id)
             room.live = True
+
+
+def _now() -> float:
+    """The running loop's clock, which its sleeps and timeouts use."""
+    return asyncio.get_running_loop().time()
 
 
 def _why(session: Session, exc: BaseException | None) -> str:
