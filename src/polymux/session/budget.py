@@ -376,6 +376,9 @@ class Budget:
                 channel.held = True  # resumes once the session's unsent bytes fall
                 self.held_writers.add(channel)
                 return None
+            if channel.held:  # resumed by its own marks before the session's bytes fell
+                channel.held = False
+                self.held_writers.discard(channel)
             channel.paused = False
             self.host.emit(ce.WriteResumed(channel.handle))
             return False
