@@ -50,6 +50,12 @@ def run(checkout: Path, *args: str) -> list[str]:
     return calls.read_text().splitlines() if calls.exists() else []
 
 
+def started(calls: list[str]) -> list[str]:
+    """The calls but the data plane's build check (a script on stdin: ``-``, quick; it
+    compiles only what is older than its source)."""
+    return [c for c in calls if c != "-"]
+
+
 def installs(calls: list[str]) -> list[str]:
     return [c for c in calls if c.startswith("-m pip install -q -e ")]
 
@@ -59,7 +65,7 @@ def test_the_demo_installs_only_the_apps_extra(checkout: Path) -> None:
     assert installs(calls) == ["-m pip install -q -e .[apps]"]
     assert calls[-1] == "-m polymux demo --files 2"
     # Once installed, the next run starts at once.
-    assert run(checkout, "scripts/demo") == ["-m polymux demo"]
+    assert started(run(checkout, "scripts/demo")) == ["-m polymux demo"]
 
 
 def test_the_web_chat_installs_apps_and_websockets(checkout: Path) -> None:
@@ -73,7 +79,7 @@ def test_the_test_set_up_installs_the_development_set_which_serves_the_demo_too(
     # scripts/test's set-up (without node and Debian packages, which this test leaves out).
     assert installs(run(checkout, "scripts/setup")) == ["-m pip install -q -e .[dev]"]
     assert installs(run(checkout, "scripts/setup")) == []
-    assert run(checkout, "scripts/demo") == ["-m polymux demo"]  # dev holds apps: nothing to install
+    assert started(run(checkout, "scripts/demo")) == ["-m polymux demo"]  # dev holds apps: nothing to install
 
 
 def test_a_changed_pyproject_reinstalls(checkout: Path) -> None:

@@ -22,8 +22,10 @@ import inspect
 import itertools
 import posixpath
 import re
+import sys
 import textwrap
 from collections.abc import Iterable
+from pathlib import Path
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -128,10 +130,28 @@ def _plain(text: str) -> str:
     return text.replace("``", "")
 
 
+def _class_source(cls: type) -> ast.ClassDef:
+    """``cls``'s definition, parsed from its module's Python source: also for a module of
+    the compiled data plane, whose classes ``inspect`` cannot find a source for (the .py
+    twin is beside the extension)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        node = tree.body[0]
+    except (OSError, TypeError):
+        module_file = Path(sys.modules[cls.__module__].__file__ or "")
+        source = module_file.with_name(module_file.name.split(".", 1)[0] + ".py")
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+        if not found:
+            raise LookupError(f"no class {cls.__name__} in {source}") from None
+        node = found[0]
+    assert isinstance(node, ast.ClassDef), node
+    return node
+
+
 def _field_docs(cls: type) -> dict[str, str]:
     """The docstring under each dataclass field (the string literal after it)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    body = _class_source(cls).body
     docs: dict[str, str] = {}
     for node, nxt in itertools.pairwise(body):
         if (

@@ -73,11 +73,16 @@ class SessionConfig:
         window_budget (None): Kept for compatibility: sets YamuxOptions.window_budget, the
             window yamux grants beyond the initial 256 KiB per stream, summed over the session
             (256 MiB; None: the option's value).
-        keepalive_interval (15 s): Seconds between keepalive pings (formats with pings: yamux,
-            Streamux, and smux, whose NOP nothing answers: there any whole frame from the peer
-            counts as its answer); None disables them.
-        keepalive_timeout (10 s): Seconds a ping may go unanswered before the session fails (a
-            dead peer must not hang readers).
+        keepalive_interval (15 s): Seconds between keepalive pings (formats with pings:
+            yamux, Streamux, and smux, whose NOP nothing answers: there any whole frame from
+            the peer counts as its answer); on formats without pings (MultiplexingStream,
+            mplex, omnistreams) and smux, polymux heartbeats (a frame every implementation
+            ignores), at least every 15 s whatever this is; it also sets the TCP keepalive
+            of the connections polymux makes and accepts (first probe after this long
+            without a byte from the peer).
+        keepalive_timeout (10 s): Seconds a ping may go unanswered before the session fails
+            (a dead peer must not hang readers), and a peer that sends heartbeats or pings
+            may stay silent past its interval (at least ours) before it is judged gone.
         stall_timeout (None): Seconds the peer may take none of the bytes we have written to the
             connection while a keepalive ping waits behind them; then the session ends ("the
             peer has taken none of our bytes ...").
