@@ -405,11 +405,13 @@ async function runDriver(mx, sock) {
 		return { reply, ms: Date.now() - t }
 	}
 
-	const [echoRes, nameRes, hcRes, errRes, bigRes] = await Promise.all([
+	// The error stream opens first: the responder's reset then leads its side of the
+	// connection, before any echo (a capture's first bytes show the reset's text).
+	const [errRes, echoRes, nameRes, hcRes, bigRes] = await Promise.all([
+		settle('error', errorStream(), fail),
 		echoAll(opts.channels, i => echoCheck(open, i, opts.size).then(r => r.bytes), fail),
 		settle('name', nameStream(), fail),
 		settle('halfclose', halfcloseCheck(open), fail),
-		settle('error', errorStream(), fail),
 		settle('big', bigStream(), fail),
 	])
 
