@@ -25,8 +25,8 @@ import re
 import sys
 import textwrap
 from collections.abc import Iterable
-from pathlib import Path
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
