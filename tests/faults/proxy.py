@@ -92,6 +92,23 @@ def draw(
     return plan
 
 
+_PEER_CLOSED_STATES = frozenset({6, 7, 8, 9, 11})
+"""Linux TCP states in which the peer has closed or reset: TIME_WAIT, CLOSE, CLOSE_WAIT,
+LAST_ACK, CLOSING (include/net/tcp_states.h)."""
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed it (its state, from ``TCP_INFO``; False
+    where the kernel cannot say)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, option, 1)[0] in _PEER_CLOSED_STATES
+    except OSError:
+        return True  # reset
+
+
 class _Link:
     """One proxied connection: its two sockets and pumps."""
 
@@ -325,13 +342,18 @@ class FaultProxy:
                         pass
                     except OSError:
                         break  # reset
+                    # Bytes it sent after the cut hide its FIN from MSG_PEEK: ask TCP.
+                    if _peer_closed(peek):
+                        break
                 await asyncio.sleep(0.25)
         finally:
             if peek is not None:
                 peek.close()
         side.transport.abort()
         link.closed[direction] = True
-        if not all(link.closed):
+        if all(link.closed):
+            link.ended.set()  # both sides closed: the link is over
+        else:
             await asyncio.Event().wait()  # the other side's pump ends the link
 
     @staticmethod
