@@ -16,8 +16,9 @@ is replayed from its seed), or given by the test:
 * ``cut``: forwards up to a random byte offset of either direction, then cuts the
   connection, ``Plan.cut`` being how: ``fin`` (both sides closed), ``rst`` (both reset), or
   ``silent`` (nothing more is forwarded either way and nothing is closed: what a NAT that
-  forgot the connection, a dropped Wi-Fi link or a hung middlebox does; the proxy reads and
-  drops what each side still sends, and closes a side only once that side closes).
+  forgot the connection, a dropped Wi-Fi link or a hung middlebox does; the proxy reads
+  nothing more, so each side's bytes pile up in the buffers as on a dead path, and closes
+  a side only once that side closes; after :data:`SILENT_DRAIN_AFTER` it reads and drops).
 
 A test can also cut every live connection now (:meth:`FaultProxy.cut_all`), or stop
 accepting (:meth:`FaultProxy.refuse`). :attr:`FaultProxy.log` has one line per connection
@@ -42,6 +43,11 @@ CUTS = ("fin", "rst")
 """How a ``cut`` ends the connection by default (``silent`` is asked for: see the docstring)."""
 ALL_CUTS = ("fin", "rst", "silent")
 PIECES_BYTES = 8 * 1024
+SILENT_DRAIN_AFTER = 120.0
+"""Seconds after which a silently cut link reads and drops what each side still sends (a
+middlebox that forgot the connection does): the sides' FINs then reach the proxy, which
+lets go of the sockets (with full buffers they would stay stuck behind a zero window, and
+a long soak would pile links up). Far past the 25 s in which polymux notices the cut."""
 
 
 @dataclass
@@ -326,13 +332,23 @@ class FaultProxy:
     async def _until_closed(self, link: _Link, direction: int, reader: asyncio.StreamReader) -> None:
         """A silent link: read nothing more from this side (its bytes pile up in the
         buffers, as unacknowledged data does on a dead path), and close our socket to it
-        only once it has closed (looked at without taking a byte: MSG_PEEK)."""
+        only once it has closed (looked at without taking a byte: MSG_PEEK, TCP_INFO);
+        after :data:`SILENT_DRAIN_AFTER`, drop what it sends until it ends."""
         side = link.writers[direction]
         sock = side.get_extra_info("socket")
         peek = socket.socket(fileno=os.dup(sock.fileno())) if sock is not None else None
+        loop = asyncio.get_running_loop()
+        since = loop.time()
         try:
             while True:
                 if getattr(reader, "_eof", False) or side.transport.is_closing():
+                    break
+                if loop.time() - since > SILENT_DRAIN_AFTER:
+                    # Full buffers would hold this side's FIN back for ever: drop what it
+                    # sends until it ends.
+                    with contextlib.suppress(ConnectionError, OSError):
+                        while await reader.read(65536):
+                            pass
                     break
                 if peek is not None:
                     try:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from .proxy import FaultProxy, Plan
+from . import warp
+from .proxy import SILENT_DRAIN_AFTER, FaultProxy, Plan
 
 
 pytestmark = pytest.mark.timeout(30)
@@ -48,3 +49,33 @@ async def test_a_silent_link_lets_go_once_both_sides_closed(talk_after_cut: bool
         await proxy.aclose()
         server.close()
         await server.wait_closed()
+
+
+def test_a_silent_link_with_full_buffers_lets_go_after_its_drain_time() -> None:
+    """Each side wrote more than the buffers hold and closed: its FIN waits behind a zero
+    window until the proxy drops what it sent (SILENT_DRAIN_AFTER, in the loop's time)."""
+
+    async def main() -> None:
+        accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+        async def on_server(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await accepted.put(writer)
+
+        server = await asyncio.start_server(on_server, "127.0.0.1", 0)
+        proxy = FaultProxy(server.sockets[0].getsockname()[1], 1, plan=lambda _i, _rng: Plan("clean"))
+        port = await proxy.start()
+        try:
+            _reader, client = await asyncio.open_connection("127.0.0.1", port)
+            server_side = await asyncio.wait_for(accepted.get(), 10)
+            await _until(lambda: proxy.links)
+            assert proxy.cut_all("silent") == 1
+            for side in (client, server_side):
+                side.write(b"x" * (16 << 20))  # far past the socket buffers: never all taken
+                side.transport.abort()  # what an application that gives up does: its socket goes
+            await _until(lambda: not proxy.links and not proxy.writers, bound=SILENT_DRAIN_AFTER + 30)
+        finally:
+            await proxy.aclose()
+            server.close()
+            await server.wait_closed()
+
+    warp.run(main())
