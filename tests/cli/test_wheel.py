@@ -164,6 +164,24 @@ def test_one_version(dists: Dists, capsys: pytest.CaptureFixture[str]) -> None:
         assert VERSION_LINE.fullmatch(capsys.readouterr().out.rstrip("\n"))
 
 
+def test_the_wheel_is_a_platform_wheel_with_the_compiled_data_plane(dists: Dists) -> None:
+    """Built where a compiler is (this machine: scripts/setup installs gcc), the wheel holds
+    an extension for every module of the data plane beside its .py twin, and says so in its
+    tag (not py3-none-any); the sdist holds no binary (its generated C, as msgpack's, lets a
+    machine with a compiler but no Cython build it)."""
+    from polymux._speedups import COMPILED_MODULES
+
+    assert not dists.wheel.name.endswith("-py3-none-any.whl"), dists.wheel.name
+    with zipfile.ZipFile(dists.wheel) as wheel:
+        names = set(wheel.namelist())
+    for module in COMPILED_MODULES:
+        base = module.replace(".", "/")
+        assert f"{base}.py" in names, module
+        assert any(n.startswith(f"{base}.") and n.endswith(".so") for n in names), module
+    with tarfile.open(dists.sdist) as sdist:
+        assert not [n for n in sdist.getnames() if n.endswith((".so", ".pyd"))]
+
+
 async def _get(url: str) -> bytes:
     def get() -> bytes:
         with urllib.request.urlopen(url, timeout=10) as answer:
@@ -189,6 +207,7 @@ async def test_the_installed_wheel_runs_the_apps(installed: Path, procs: Procs, 
     assert await where.wait() == EXIT_OK and where.stdout.startswith(str(installed)), where.describe()
     version = await procs.start(bin_dir / "polymux", "--version", cwd=home, env=env, name="version")
     assert await version.wait() == EXIT_OK and VERSION_LINE.fullmatch(version.stdout), version.describe()
+    assert "compiled (Cython)" in version.stdout, version.describe()  # the wheel's extension runs
 
     webchat = await procs.start(
         bin_dir / "polymux", "webchat", "--tcp", "127.0.0.1:0", "--web", "127.0.0.1:0",
