@@ -120,6 +120,15 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
+async def _echoed(session: polymux.Session, data: bytes) -> bytes:
+    """``data`` sent on a new channel of ``session`` and what the echo server returned."""
+    reader, writer = await session.open_channel("echo")
+    writer.write(data)
+    writer.write_eof()
+    async with asyncio.timeout(10):
+        return await reader.read()
+
+
 async def test_one_address_holds_at_most_its_share_of_the_connections(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -140,11 +149,7 @@ async def test_one_address_holds_at_most_its_share_of_the_connections(
         # Another address is served (127.0.0.0/8 is all loopback).
         other = await polymux.connect("127.0.0.1", server.port, protocol="mplex", local_addr=("127.0.0.2", 0))
         async with other:
-            reader, writer = await other.open_channel("x")
-            writer.write(b"hi")
-            writer.write_eof()
-            async with asyncio.timeout(10):
-                assert await reader.read() == b"hi"
+            assert await _echoed(other, b"hi") == b"hi"
         # One of the first three leaves: its address may connect again.
         await sessions.pop().aclose()
         async with asyncio.timeout(10):
@@ -152,10 +157,6 @@ async def test_one_address_holds_at_most_its_share_of_the_connections(
                 await asyncio.sleep(0.01)
         again = await polymux.connect("127.0.0.1", server.port, protocol="mplex")
         async with again:
-            reader, writer = await again.open_channel("y")
-            writer.write(b"back")
-            writer.write_eof()
-            async with asyncio.timeout(10):
-                assert await reader.read() == b"back"
+            assert await _echoed(again, b"back") == b"back"
         for s in sessions:
             await s.aclose()
